@@ -1,0 +1,41 @@
+# Targets CI calls too. `make help` lists them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help install venv run lint typecheck test unit integration bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+install:  ## everything the stack and the tests need (apt packages, venv, Kafka jars)
+	bash scripts/install-deps.sh
+
+venv:  ## only the Python environment (enough for `make run`)
+	SKIP_APT=1 SKIP_KAFKA=1 bash scripts/install-deps.sh
+
+run: venv  ## the whole local stack: embedded broker + chDB + every agent group + console
+	$(VENV)/bin/avcc dev
+
+lint:  ## ruff lint + format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck:  ## mypy (strict on the packages)
+	$(VENV)/bin/mypy
+
+unit:  ## unit tests only
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+integration:  ## integration tests only (real Tansu, Apache Kafka, ClickHouse)
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test: install lint typecheck  ## the full suite: lint, types, unit + integration on real servers
+	$(PY) -m pytest tests -q $(PYTEST_ARGS)
+
+bench:  ## benchmarks (printed, never asserted)
+	$(PY) -m bench.playback
+	$(PY) -m bench.lifecycle
+
+clean:  ## remove local state
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,269 @@
+"""code group (code-svc): HTTP applications, record lifecycle, AVCC code issuance.
+
+Inputs, all co-partitioned on 6 partitions keyed by ``avcc_record_id``: ``apply.created`` (the
+group's own output, so the record exists in its table), ``review.task.finished`` repartitioned
+from 12 to 6 partitions through an internal topic, and ``chain.tx.confirmed``. Applications are
+claimed per content hash by the claims agent (faust ask/reply), which serialises concurrent
+requests for one work on one partition owner: one work, one record, one code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import faust
+import orjson
+from aiohttp import web
+from app.web import install_common_views
+
+from app.faust_app import get_app
+from app.http import BadRequest, authorize, forward_to, is_forwarded, json_error, json_response, parse_body
+from app.lifecycle import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
+from app.partitioner import record_key
+from app.runtime import Effects, GroupRuntime, Outgoing, header_value, now_ms
+from app.settings import get_settings
+from app.topics import (
+    APPLY_CREATED,
+    CHAIN_TX_CONFIRMED,
+    CODE_CLAIMS,
+    CODE_REVIEW_FINISHED,
+    REVIEW_TASK_FINISHED,
+)
+from schemas.application import ApplicationRequest
+from schemas.apply import ApplyCreated
+from schemas.chain import ChainTxConfirmed
+from schemas.envelope import Envelope, make_envelope
+from schemas.review import ReviewTaskFinished
+from tables.code import claims, records
+
+__all__ = ["app"]
+
+app = get_app("code")
+settings = get_settings()
+runtime = GroupRuntime("code", "code-svc", app)
+install_common_views(app, "code")
+
+#: Namespace of the code group's name-based (deterministic) event ids.
+EVENT_NS = uuid.UUID("6f1c3c0e-6d59-4f43-9a51-8f3f0a7c2a01")
+#: Record ids: ID_BASE + sequence * ID_STRIDE + claims partition -> unique across workers.
+ID_BASE = 10_000
+ID_STRIDE = 64
+CLAIM_TIMEOUT_S = 15.0
+
+
+def _raw_topic(spec: Any, *more: Any) -> Any:
+    names = [spec.name, *(m.name for m in more)]
+    return app.topic(
+        *names,
+        partitions=spec.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+
+
+review_source = _raw_topic(REVIEW_TASK_FINISHED)
+review_repartitioned = _raw_topic(CODE_REVIEW_FINISHED)
+record_inputs = _raw_topic(APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
+record_parking = runtime.parking_table("records", APPLY_CREATED.partitions)
+
+
+class ClaimRequest(faust.Record, serializer="json"):
+    """An application to claim (the validated HTTP body as JSON)."""
+
+    body: str
+
+
+claims_topic = app.topic(
+    CODE_CLAIMS.name,
+    partitions=CODE_CLAIMS.partitions,
+    key_type=bytes,
+    value_type=ClaimRequest,
+    key_serializer="raw",
+)
+
+
+@app.agent(review_source)
+async def repartition_review_finished(stream: Any) -> None:
+    """Relay review.task.finished (12 partitions) to the code group's 6-partition inbox."""
+    async for event in stream.events():
+        message = event.message
+        target = header_value(message.headers, "avcc-target-group")
+        if target is not None and target != b"code":
+            continue
+        headers = list(
+            message.headers.items() if isinstance(message.headers, dict) else message.headers or []
+        )
+        await runtime.producer.send(CODE_REVIEW_FINISHED, message.value, message.key, headers)
+
+
+def _load(key: bytes) -> RecordState | None:
+    raw = records.get(key)
+    return RecordState.model_validate_json(raw) if raw else None
+
+
+async def handle_record_event(envelope: Envelope[Any]) -> Effects:
+    """Apply one lifecycle event to its record (pure transition, then a table write)."""
+    payload = envelope.payload
+    if isinstance(payload, ChainTxConfirmed) and payload.chain_type != "copyright_main":
+        return Effects()
+    key = record_key(payload.avcc_record_id)
+    state = _load(key)
+    if is_duplicate(state, envelope):
+        return Effects(duplicate=True)
+    now = now_ms()
+    org, node = settings.avcc_org, settings.avcc_node
+    if isinstance(payload, ApplyCreated):
+        new = apply_created(state, envelope, now, org, node)
+    elif isinstance(payload, ReviewTaskFinished):
+        new = review_finished(state, envelope, now, org, node)
+    else:
+        new = tx_confirmed(state, envelope, now, org, node)
+
+    def store() -> None:
+        records[key] = new.model_dump_json().encode()
+
+    return Effects(apply=store)
+
+
+@app.agent(record_inputs)
+async def record_lifecycle(stream: Any) -> None:
+    """The record state machine over apply.created, review results and chain receipts."""
+    async for event in stream.events():
+        topic = REVIEW_TASK_FINISHED.name if event.message.topic == CODE_REVIEW_FINISHED.name else None
+        await runtime.process(event, handle_record_event, topic=topic, parking=record_parking)
+
+
+def _claim_reply(status: int, claim: dict[str, Any], note: str) -> dict[str, Any]:
+    return {"http_status": status, "note": note, **claim}
+
+
+@app.agent(claims_topic)
+async def claim_applications(stream: Any) -> Any:
+    """Claim a content hash for an application: allocate the record and emit apply.created."""
+    async for request in stream:
+        event = faust.current_event()
+        partition = event.message.partition if event is not None else 0
+        body = ApplicationRequest.model_validate_json(request.body)
+        hash_key = body.content_hash.encode()
+        existing = claims.get(hash_key)
+        if existing:
+            claim = orjson.loads(existing)
+            if claim["request_id"] == body.request_id:
+                yield _claim_reply(202, claim, "same request_id: the existing record")
+            else:
+                yield _claim_reply(409, claim, "content_hash already registered")
+            continue
+        seq_key = f"__seq__:{partition}".encode()
+        seq = int(claims.get(seq_key) or b"0")
+        record_id = ID_BASE + seq * ID_STRIDE + partition
+        payload = ApplyCreated(
+            request_id=body.request_id,
+            avcc_record_id=record_id,
+            content_url=body.content_url,
+            content_hash=body.content_hash,
+            ai_tool_info=body.ai_tool_info,
+            priority=body.priority,
+            title=body.title,
+            applicant_id=body.applicant_id,
+            media_type=body.media_type,
+        )
+        envelope = make_envelope(
+            payload, source="code-svc", event_id=uuid.uuid5(EVENT_NS, f"apply.created:{record_id}")
+        )
+        await runtime.emit([Outgoing(APPLY_CREATED, envelope, record_id)])
+        claim = {"avcc_record_id": record_id, "request_id": body.request_id, "claimed_ms": now_ms()}
+        claims[seq_key] = str(seq + 1).encode()
+        claims[hash_key] = orjson.dumps(claim)
+        yield _claim_reply(202, claim, "created")
+
+
+ROUTE_APPLY = "/v1/avcc/applications"
+ROUTE_RECORD = "/v1/avcc/records/{avcc_record_id}"
+
+
+@app.page(ROUTE_APPLY)
+class Applications(faust.web.View):
+    """``POST``: apply for an AVCC code (HMAC-signed JSON body)."""
+
+    async def post(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        denied = await authorize(request, body, settings, route=ROUTE_APPLY)
+        if denied is not None:
+            return denied
+        try:
+            application = parse_body(ApplicationRequest, body)
+        except BadRequest as exc:
+            return json_error(400, str(exc), ROUTE_APPLY, "POST", fields=list(exc.fields))
+        try:
+            reply = await asyncio.wait_for(
+                claim_applications.ask(
+                    value=ClaimRequest(body=application.model_dump_json()),
+                    key=application.content_hash.encode(),
+                ),
+                CLAIM_TIMEOUT_S,
+            )
+        except TimeoutError:
+            return json_error(503, "claim timed out; retry with the same request_id", ROUTE_APPLY, "POST")
+        status = int(reply["http_status"])
+        record_id = int(reply["avcc_record_id"])
+        answer = {
+            "request_id": application.request_id,
+            "avcc_record_id": record_id,
+            "status": "submitted" if status == 202 else "conflict",
+        }
+        if status == 409:
+            answer["error"] = reply["note"]
+            answer["existing_request_id"] = reply["request_id"]
+        return json_response(answer, status, ROUTE_APPLY, "POST")
+
+
+@app.page(ROUTE_RECORD)
+class Record(faust.web.View):
+    """``GET``: a record with its history, answered by the owner of its partition."""
+
+    async def get(self, request: web.Request, avcc_record_id: str) -> web.Response:
+        body = await request.read()
+        forwarded = is_forwarded(request, settings)
+        denied = await authorize(request, body, settings, route=ROUTE_RECORD, forwarded=forwarded)
+        if denied is not None:
+            return denied
+        if not avcc_record_id.isdigit():
+            return json_error(400, "avcc_record_id: must be a decimal integer", ROUTE_RECORD, "GET")
+        key = record_key(int(avcc_record_id))
+        if not forwarded:
+            try:
+                owner = str(app.router.key_store("records", key))
+            except KeyError:
+                return json_error(503, "partition owner unknown (rebalancing); retry", ROUTE_RECORD, "GET")
+            if owner.rstrip("/") != str(app.conf.canonical_url).rstrip("/"):
+                return await forward_to(owner, request, body, settings)
+        state = _load(key)
+        if state is None:
+            return json_error(404, f"record {avcc_record_id} not found", ROUTE_RECORD, "GET")
+        return json_response(state.public(), 200, ROUTE_RECORD, "GET")
+
+
+@app.page("/records")
+class RecentRecords(faust.web.View):
+    """Operator page: the records held by this worker, most recently updated first."""
+
+    async def get(self, request: web.Request) -> web.Response:
+        states = [RecordState.model_validate_json(v) for _, v in records.items() if v]
+        states.sort(key=lambda s: s.updated_ms or 0, reverse=True)
+        rows = "".join(
+            f"<tr><td>{s.avcc_record_id}</td><td class='st-{s.status}'>{s.status}</td>"
+            f"<td>{s.final_level or ''}</td><td>{s.overall_score if s.overall_score is not None else ''}</td>"
+            f"<td>{s.avcc_code or ''}</td><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime((s.updated_ms or 0) / 1000))}</td></tr>"
+            for s in states[:200]
+        )
+        html = (
+            "<!doctype html><title>AVCC records</title><h1>Recent records</h1>"
+            "<table border=1 cellpadding=4><tr><th>record</th><th>status</th><th>level</th>"
+            f"<th>score</th><th>AVCC code</th><th>updated (UTC)</th></tr>{rows}</table>"
+        )
+        return web.Response(text=html, content_type="text/html")

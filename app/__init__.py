@@ -1,0 +1,1 @@
+"""AVCC event pipeline: settings, topic plan, Kafka clients and the faust apps."""

@@ -1,0 +1,5 @@
+"""``python -m app``: the same entry point as the ``avcc`` console script."""
+
+from app.cli import main
+
+main()

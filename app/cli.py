@@ -1,0 +1,203 @@
+"""The ``avcc`` command line: topic plan, contract validation, workers, dev stack, operations."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from app.topics import TOPIC_PLAN
+
+__all__ = ["main"]
+
+
+@click.group()
+def main() -> None:
+    """AIGC-Hub AVCC event pipeline."""
+
+
+@main.group()
+def topics() -> None:
+    """The topic plan: print it, apply it to the broker."""
+
+
+@topics.command("plan")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+def topics_plan(as_json: bool) -> None:
+    """Print the topic plan (the one source of truth for topics)."""
+    if as_json:
+        click.echo(orjson.dumps([s.as_dict() for s in TOPIC_PLAN], option=orjson.OPT_INDENT_2).decode())
+        return
+    click.echo(f"{'topic':36} {'parts':>5} {'retention':>10} {'cleanup':8} {'key':16} profile")
+    for s in TOPIC_PLAN:
+        days = "infinite" if s.retention_days is None else f"{s.retention_days:g}d"
+        click.echo(f"{s.name:36} {s.partitions:>5} {days:>10} {s.cleanup_policy:8} {s.key_field:16} {s.profile}")
+
+
+@topics.command("apply")
+@click.option("--grow-partitions", is_flag=True, help="Grow partition counts below the plan (remaps keys!).")
+def topics_apply(grow_partitions: bool) -> None:
+    """Create missing topics and verify existing ones; exit 1 on drift that was not fixed."""
+    from app.admin import apply_plan
+    from app.settings import get_settings
+
+    report = apply_plan(get_settings(), grow_partitions=grow_partitions)
+    for name in report.created:
+        click.echo(f"created {name}")
+    for drift in report.drift:
+        click.echo(f"drift: {drift.line()}", err=not drift.fixed)
+    if report.unfixed:
+        if any(d.setting == "partitions" for d in report.unfixed):
+            click.echo(
+                "partition drift left alone; rerun with --grow-partitions to grow "
+                "(WARNING: keys remap, per-record order breaks for in-flight records)",
+                err=True,
+            )
+        sys.exit(1)
+    if not report.created and not report.drift:
+        click.echo("no drift")
+
+
+@main.command()
+@click.argument("topic")
+@click.argument("file", type=click.File("rb"), default="-")
+def validate(topic: str, file: click.utils.LazyFile) -> None:
+    """Validate one JSON event for TOPIC from FILE (default: stdin).
+
+    Exit 0 if valid; 1 with a one-line reason naming the field(s) on stderr; 2 on usage errors.
+    """
+    from app.errors import NonRetriableError
+    from app.topics import spec_for
+    from schemas.registry import validate_event
+
+    try:
+        spec_for(topic)
+    except KeyError:
+        raise click.UsageError(f"unknown topic {topic!r}; see `avcc topics plan`") from None
+    raw = file.read()
+    try:
+        validate_event(topic, raw)
+    except NonRetriableError as exc:
+        click.echo(f"invalid: {exc}", err=True)
+        sys.exit(1)
+    click.echo("valid")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("group")
+@click.pass_context
+def worker(ctx: click.Context, group: str) -> None:
+    """Run the worker of agent GROUP (extra args go to `faust worker`)."""
+    from app.groups import group_spec
+    from app.settings import get_settings
+
+    try:
+        spec = group_spec(group)
+    except KeyError as exc:
+        raise click.UsageError(str(exc)) from None
+    module = importlib.import_module(spec.module)
+    app = module.app
+    settings = get_settings()
+    args = list(ctx.args)
+    if "--web-port" not in args:
+        args += ["--web-port", str(settings.web_port + spec.port_offset)]
+    if "--web-host" not in args and "-h" not in args:
+        args += ["--web-host", settings.web_host]
+    if "-l" not in args and "--loglevel" not in args:
+        args += ["-l", settings.log_level.lower()]
+    sys.argv = [f"avcc-{group}", "worker", *args]
+    app.main()
+
+
+@main.command()
+@click.option("--groups", default="", help="Comma-separated groups (default: all).")
+@click.option("--no-broker", is_flag=True, help="Use AVCC_KAFKA_URL as is; start no embedded broker.")
+def dev(groups: str, no_broker: bool) -> None:
+    """Start the local stack: embedded broker + ClickHouse, the topic plan, every agent group."""
+    from app.dev import run_dev_stack
+
+    wanted = [g for g in groups.split(",") if g]
+    sys.exit(run_dev_stack(wanted or None, start_broker=not no_broker))
+
+
+@main.group()
+def chain() -> None:
+    """The local ledger (chain backend)."""
+
+
+@chain.command("verify")
+@click.option("--path", type=click.Path(path_type=Path), default=None, help="Ledger directory.")
+def chain_verify(path: Path | None) -> None:
+    """Re-check every block: hashes, previous-hash links, Merkle roots."""
+    from app.ledger import verify_ledger_cli
+
+    sys.exit(verify_ledger_cli(path))
+
+
+@main.command()
+def lag() -> None:
+    """Print consumer lag and Burrow-style status of every group."""
+    from app.lag import print_lag_table
+    from app.settings import get_settings
+
+    sys.exit(print_lag_table(get_settings()))
+
+
+@main.group()
+def dlq() -> None:
+    """Dead-letter queue: list, show, re-inject, discard."""
+
+
+def _dlq_cli() -> object:
+    return importlib.import_module("app.dlq_cli")
+
+
+@dlq.command("list")
+@click.option("--topic", default=None)
+@click.option("--group", default=None)
+@click.option("--error-class", default=None)
+@click.option("--status", default=None, type=click.Choice(["new", "reinjected", "discarded"]))
+def dlq_list(topic: str | None, group: str | None, error_class: str | None, status: str | None) -> None:
+    """List dead letters matching the filters."""
+    from app.dlq_cli import list_cmd
+
+    sys.exit(list_cmd(topic=topic, group=group, error_class=error_class, status=status))
+
+
+@dlq.command("show")
+@click.argument("dlq_id")
+def dlq_show(dlq_id: str) -> None:
+    """Show one dead letter: headers, payload, stack trace, audit trail."""
+    from app.dlq_cli import show_cmd
+
+    sys.exit(show_cmd(dlq_id))
+
+
+@dlq.command("reinject")
+@click.argument("dlq_ids", nargs=-1)
+@click.option("--operator", required=True, help="Who re-injects (recorded in the audit trail).")
+@click.option("--topic", default=None, help="Bulk: all new messages of this original topic.")
+@click.option("--error-class", default=None, help="Bulk: all new messages of this error class.")
+def dlq_reinject(dlq_ids: tuple[str, ...], operator: str, topic: str | None, error_class: str | None) -> None:
+    """Re-inject dead letters into their original topic (same key and event id)."""
+    from app.dlq_cli import reinject_cmd
+
+    sys.exit(reinject_cmd(list(dlq_ids), operator=operator, topic=topic, error_class=error_class))
+
+
+@dlq.command("discard")
+@click.argument("dlq_id")
+@click.option("--operator", required=True)
+@click.option("--reason", required=True)
+def dlq_discard(dlq_id: str, operator: str, reason: str) -> None:
+    """Discard a dead letter with a reason (kept in the audit trail)."""
+    from app.dlq_cli import discard_cmd
+
+    sys.exit(discard_cmd(dlq_id, operator=operator, reason=reason))
+
+
+if __name__ == "__main__":
+    main()

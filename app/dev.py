@@ -1,0 +1,131 @@
+"""The local all-in-one stack: embedded Tansu broker, chDB, the topic plan and every agent group.
+
+DEV ONLY: Tansu runs on memory storage (everything is lost when it stops), the shipped HMAC key
+``dev``/``dev-secret`` and operator ``admin``/``admin`` are enabled, and a broker that cannot
+honour the core producer profile is only warned about.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from app.admin import apply_plan
+from app.groups import GROUPS, GroupSpec
+from app.servers.tansu import TansuBroker
+from app.settings import Settings, get_settings
+
+__all__ = ["run_dev_stack"]
+
+log = logging.getLogger("avcc.dev")
+
+BANNER = """
+==============================================================================
+ AVCC dev stack — DEV ONLY
+   * embedded Tansu broker on {bootstrap} (memory storage: lost on restart)
+   * ClickHouse: {clickhouse}
+   * HMAC API key 'dev' / secret 'dev-secret' is ENABLED (never use outside dev)
+   * operator console login admin / admin
+ Console: http://{host}:{port}/dlq   lag: http://{host}:{port}/lag
+ Apply:   POST http://{host}:{code_port}/v1/avcc/applications
+==============================================================================
+"""
+
+
+def available_groups(wanted: list[str] | None) -> list[GroupSpec]:
+    """Groups whose agent module exists (optionally only those named)."""
+    found = [g for g in GROUPS if importlib.util.find_spec(g.module) is not None]
+    if wanted:
+        unknown = set(wanted) - {g.name for g in GROUPS}
+        if unknown:
+            raise SystemExit(f"unknown groups: {', '.join(sorted(unknown))}")
+        found = [g for g in found if g.name in wanted]
+    return found
+
+
+def _child_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["AVCC_DEV_MODE"] = "true"
+    env["AVCC_DATA_DIR"] = str(settings.data_dir.resolve())
+    env.setdefault("AVCC_KAFKA_URL", settings.kafka_url)
+    return env
+
+
+def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True) -> int:
+    """Start everything, wait for Ctrl-C/SIGTERM, then stop everything. Returns an exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ["AVCC_DEV_MODE"] = "true"
+    get_settings.cache_clear()
+    settings = get_settings()
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    broker: TansuBroker | None = None
+    children: list[tuple[GroupSpec, subprocess.Popen[bytes]]] = []
+    stopping = False
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        if start_broker:
+            port = int(settings.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
+            broker = TansuBroker(data_dir / "tansu", port=port)
+            broker.start()
+            log.info("embedded Tansu broker on %s", broker.bootstrap)
+        report = apply_plan(settings)
+        for name in report.created:
+            log.info("created topic %s", name)
+        for drift in report.unfixed:
+            log.error("topic drift: %s", drift.line())
+        groups = available_groups(wanted)
+        logs = data_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        env = _child_env(settings)
+        for group in groups:
+            out = (logs / f"{group.name}.log").open("ab")
+            cmd = [sys.executable, "-m", "app", "worker", group.name]
+            child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=Path.cwd())
+            children.append((group, child))
+            log.info("started group %s (pid %d, web port %d, log %s)", group.name, child.pid,
+                     settings.web_port + group.port_offset, logs / f"{group.name}.log")
+        print(BANNER.format(
+            bootstrap=settings.kafka_bootstrap, clickhouse=settings.clickhouse_url,
+            host=settings.web_host, port=settings.web_port,
+            code_port=settings.web_port + 1,
+        ), flush=True)
+        while not stopping:
+            for group, child in children:
+                if child.poll() is not None:
+                    log.error("group %s exited with %s; stopping the stack", group.name, child.returncode)
+                    stopping = True
+            time.sleep(0.5)
+        return 0
+    finally:
+        _stop_children(children)
+        if broker is not None:
+            broker.stop()
+        log.info("dev stack stopped")
+
+
+def _stop_children(children: list[tuple[GroupSpec, subprocess.Popen[bytes]]]) -> None:
+    for _, child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for group, child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("group %s ignored SIGTERM; killing it", group.name)
+            child.kill()
+            child.wait()

@@ -1,0 +1,81 @@
+"""Builds the faust App of an agent group; every other module gets its App from here."""
+
+from __future__ import annotations
+
+import ssl
+from functools import cache
+from typing import Any
+
+import faust
+
+from app.groups import group_spec
+from app.settings import Settings, get_settings
+
+__all__ = ["consumer_group_id", "get_app"]
+
+
+def consumer_group_id(group: str) -> str:
+    """Kafka consumer group (= faust App id) of an agent group."""
+    return f"avcc-{group}"
+
+
+def _credentials(settings: Settings) -> Any:
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in {"SSL", "SASL_SSL"}:
+        context = ssl.create_default_context(
+            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
+        )
+        if settings.kafka_ssl_certfile:
+            context.load_cert_chain(
+                str(settings.kafka_ssl_certfile),
+                str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+            )
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else ""
+    mechanism = settings.kafka_sasl_mechanism or "PLAIN"
+    if mechanism == "PLAIN":
+        return faust.SASLCredentials(
+            username=settings.kafka_sasl_username, password=password, ssl_context=context
+        )
+    return faust.SASLCredentials(
+        username=settings.kafka_sasl_username,
+        password=password,
+        ssl_context=context,
+        mechanism=mechanism,
+    )
+
+
+@cache
+def get_app(group: str) -> faust.App:
+    """The faust App of ``group`` (created once per process)."""
+    settings = get_settings()
+    spec = group_spec(group)
+    app = faust.App(
+        consumer_group_id(group),
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=_credentials(settings),
+        store="rocksdb://",
+        datadir=str(settings.resolve_data_path("workers", group)),
+        key_serializer="raw",
+        value_serializer="raw",
+        autodiscover=False,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        topic_replication_factor=settings.replication_factor,
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
+        broker_heartbeat_interval=max(1.0, settings.kafka_session_timeout_ms / 5000),
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+        web_host=settings.web_host,
+        web_port=settings.web_port + spec.port_offset,
+        web_in_thread=False,
+        table_standby_replicas=0,
+        stream_wait_empty=True,
+    )
+    return app

@@ -1,0 +1,38 @@
+"""Agent groups: one faust App id = one Kafka consumer group = one worker command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GROUPS", "GroupSpec", "group_spec"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """An agent group: the module that defines its agents and its offset in the port range."""
+
+    name: str
+    module: str
+    port_offset: int
+    source: str
+
+
+GROUPS: tuple[GroupSpec, ...] = (
+    GroupSpec("code", "agents.code", 1, "code-svc"),
+    GroupSpec("review", "agents.review", 2, "review-svc"),
+    GroupSpec("chain", "agents.chain", 3, "chain-svc"),
+    GroupSpec("settlement", "agents.settlement", 4, "settlement-svc"),
+    GroupSpec("gateway", "agents.gateway", 5, "gateway-svc"),
+    GroupSpec("sink", "agents.sink", 6, "clickhouse-sink"),
+    GroupSpec("anomaly", "agents.anomaly", 7, "anomaly-svc"),
+    GroupSpec("retry", "agents.retry", 8, "retry-svc"),
+    GroupSpec("ops", "agents.ops", 0, "ops-svc"),
+)
+
+
+def group_spec(name: str) -> GroupSpec:
+    """The group called ``name``; ``KeyError`` lists the known ones."""
+    for spec in GROUPS:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"unknown group {name!r}; known: {', '.join(g.name for g in GROUPS)}")

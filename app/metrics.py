@@ -1,0 +1,131 @@
+"""Prometheus metrics of every worker (one registry per process, served on ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = [
+    "CH_BATCH_ROWS",
+    "CH_INSERT_FAILURES",
+    "CH_INSERT_SECONDS",
+    "CONSUMER_LAG",
+    "DEDUP_HITS",
+    "DLQ_MESSAGES",
+    "EVENTS_IN",
+    "EVENTS_OUT",
+    "EVENT_AGE",
+    "HTTP_REQUESTS",
+    "LAG_ALERTS",
+    "PROCESSING_SECONDS",
+    "REGISTRY",
+    "RETRIES",
+    "RETRY_TOPIC_MESSAGES",
+    "ANOMALIES",
+    "INGEST_ITEMS",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+EVENTS_IN = Counter(
+    "avcc_events_consumed_total", "Events consumed", ["group", "topic"], registry=REGISTRY
+)
+EVENTS_OUT = Counter(
+    "avcc_events_produced_total", "Events produced", ["group", "topic"], registry=REGISTRY
+)
+PROCESSING_SECONDS = Histogram(
+    "avcc_event_processing_seconds",
+    "Time to process one event (or one batch on the playback path)",
+    ["group", "topic"],
+    buckets=(0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+EVENT_AGE = Histogram(
+    "avcc_event_age_seconds",
+    "End-to-end age of an event when processed (now - envelope timestamp)",
+    ["group", "topic"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+    registry=REGISTRY,
+)
+DEDUP_HITS = Counter(
+    "avcc_dedup_hits_total", "Duplicate deliveries skipped by event_id", ["group", "topic"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "avcc_retries_total", "In-process retries after retriable failures", ["group", "topic"],
+    registry=REGISTRY,
+)
+RETRY_TOPIC_MESSAGES = Counter(
+    "avcc_retry_topic_messages_total", "Messages forwarded to the retry topic",
+    ["group", "topic", "reason"], registry=REGISTRY,
+)
+DLQ_MESSAGES = Counter(
+    "avcc_dlq_messages_total", "Messages dead-lettered", ["group", "topic", "error_class"],
+    registry=REGISTRY,
+)
+CH_BATCH_ROWS = Histogram(
+    "avcc_clickhouse_batch_rows", "Rows per ClickHouse insert", ["table"],
+    buckets=(1, 10, 100, 1000, 5000, 10000, 25000, 50000, 100000),
+    registry=REGISTRY,
+)
+CH_INSERT_SECONDS = Histogram(
+    "avcc_clickhouse_insert_seconds", "ClickHouse insert latency", ["table"], registry=REGISTRY
+)
+CH_INSERT_FAILURES = Counter(
+    "avcc_clickhouse_insert_failures_total", "Failed ClickHouse inserts", ["table"],
+    registry=REGISTRY,
+)
+HTTP_REQUESTS = Counter(
+    "avcc_http_requests_total", "HTTP requests", ["route", "method", "status"], registry=REGISTRY
+)
+INGEST_ITEMS = Counter(
+    "avcc_ingest_items_total", "Playback items received by the gateway", ["outcome"],
+    registry=REGISTRY,
+)
+ANOMALIES = Counter(
+    "avcc_anomalies_total", "Anomalies detected on the playback stream", ["rule"], registry=REGISTRY
+)
+CONSUMER_LAG = Gauge(
+    "avcc_consumer_lag_messages", "Consumer lag (end offset - committed offset)",
+    ["group", "topic", "partition"], registry=REGISTRY,
+)
+LAG_ALERTS = Gauge(
+    "avcc_lag_alert_active", "1 while a lag rule fires", ["rule", "group", "topic"],
+    registry=REGISTRY,
+)
+
+# --- HMAC auth, gateway and anomaly detector (appended) ---------------------------------------
+AUTH_FAILURES = Counter(
+    "avcc_auth_failures_total", "Refused /v1/ requests by reason", ["reason"], registry=REGISTRY
+)
+ANOMALY_LATE_EVENTS = Counter(
+    "avcc_anomaly_late_events_total",
+    "Playback events dropped by the anomaly detector because their window had already closed",
+    registry=REGISTRY,
+)
+ANOMALY_SKIPPED_EVENTS = Counter(
+    "avcc_anomaly_skipped_events_total",
+    "Playback events the anomaly detector could not read (undecodable, missing fields, far future)",
+    ["reason"],
+    registry=REGISTRY,
+)
+ANOMALY_WATERMARK = Gauge(
+    "avcc_anomaly_watermark_ms", "Event-time watermark of the anomaly detector (epoch ms)",
+    registry=REGISTRY,
+)
+ANOMALY_OPEN_WINDOWS = Gauge(
+    "avcc_anomaly_open_windows", "Open (not yet evaluated) windows over all owned partitions",
+    registry=REGISTRY,
+)
+ANOMALY_CHECKPOINT_SECONDS = Histogram(
+    "avcc_anomaly_checkpoint_seconds",
+    "Time to write window snapshots to the changelog and commit offsets",
+    registry=REGISTRY,
+)
+__all__ += [
+    "ANOMALY_CHECKPOINT_SECONDS",
+    "ANOMALY_LATE_EVENTS",
+    "ANOMALY_OPEN_WINDOWS",
+    "ANOMALY_SKIPPED_EVENTS",
+    "ANOMALY_WATERMARK",
+    "AUTH_FAILURES",
+]

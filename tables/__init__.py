@@ -1,0 +1,1 @@
+"""RocksDB-backed faust tables of the agent groups, one module per group."""

@@ -1,0 +1,150 @@
+"""Session-scoped real servers (Tansu, Kafka KRaft, ClickHouse) started lazily on loopback."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from app.servers import (
+    ClickHouseServer,
+    KafkaKRaftBroker,
+    ManagedServer,
+    ServerNotInstalled,
+    ServerStartError,
+    TansuBroker,
+    ensure_kafka_libs,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+S = TypeVar("S", bound=ManagedServer)
+
+# Servers started in this session, so tests that kill or stop one get it revived afterwards.
+_started: dict[str, ManagedServer] = {}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _launch(name: str, factory: Callable[[], S]) -> S:
+    """Build and start a server; skip (locally) or fail (CI) if it is not installed."""
+    try:
+        server = factory()
+        server.start()
+    except ServerNotInstalled as exc:
+        if _in_ci():
+            pytest.fail(f"{name} cannot start on this CI machine: {exc}", pytrace=False)
+        pytest.skip(f"{name} is not available here: {exc}")
+    except ServerStartError as exc:
+        pytest.fail(f"{name} failed to start: {exc}", pytrace=False)
+    _started[name] = server
+    return server
+
+
+def _shutdown(name: str, server: ManagedServer) -> None:
+    _started.pop(name, None)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Parent directory of every server's data dir and logs for this session."""
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="session")
+def tansu_broker(servers_dir: Path) -> Iterator[TansuBroker]:
+    """A Tansu broker (memory storage: a restart empties it) running for the whole session."""
+    broker = _launch("tansu", lambda: TansuBroker(servers_dir / "tansu", die_with_parent=True))
+    yield broker
+    _shutdown("tansu", broker)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(servers_dir: Path) -> Iterator[KafkaKRaftBroker]:
+    """Apache Kafka 3.9 (KRaft, single node) running for the whole session; data survives restarts."""
+
+    def build() -> KafkaKRaftBroker:
+        libs = ensure_kafka_libs(REPO_ROOT)
+        return KafkaKRaftBroker(servers_dir / "kafka", libs, die_with_parent=True)
+
+    broker = _launch("kafka", build)
+    yield broker
+    _shutdown("kafka", broker)
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server(servers_dir: Path) -> Iterator[ClickHouseServer]:
+    """A private ClickHouse 18.16 server running for the whole session."""
+    server = _launch(
+        "clickhouse",
+        lambda: ClickHouseServer(servers_dir / "clickhouse", die_with_parent=True),
+    )
+    yield server
+    _shutdown("clickhouse", server)
+
+
+@dataclass(frozen=True)
+class BrokerHandle:
+    """What the ``broker`` fixture yields: a name, a bootstrap address, lifecycle controls."""
+
+    name: str
+    server: TansuBroker | KafkaKRaftBroker
+
+    @property
+    def bootstrap(self) -> str:
+        """``bootstrap.servers`` for clients."""
+        return self.server.bootstrap
+
+    @property
+    def persistent(self) -> bool:
+        """Whether records and offsets survive ``restart()``/``kill()`` (Tansu memory: no)."""
+        return isinstance(self.server, KafkaKRaftBroker)
+
+    def start(self) -> None:
+        """Start (no-op if running) and wait until ready."""
+        self.server.start()
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM)."""
+        self.server.stop()
+
+    def kill(self) -> None:
+        """SIGKILL the broker (crash simulation)."""
+        self.server.kill()
+
+    def restart(self) -> None:
+        """Graceful stop then start on the same port."""
+        self.server.restart()
+
+
+@pytest.fixture(params=["tansu", "kafka"], ids=["tansu", "kafka"])
+def broker(request: pytest.FixtureRequest) -> BrokerHandle:
+    """Each broker in turn (select with ``--brokers`` / ``$AVCC_TEST_BROKERS``)."""
+    name: str = request.param
+    server = request.getfixturevalue(f"{name}_broker")
+    assert isinstance(server, TansuBroker | KafkaKRaftBroker)
+    server.start()  # revive it if an earlier test stopped or killed it
+    return BrokerHandle(name=name, server=server)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short random suffix for topic and group names, so tests never share data."""
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(autouse=True)
+def _revive_servers() -> Iterator[None]:
+    """After each test, restart any session server the test left stopped or killed."""
+    yield
+    for server in list(_started.values()):
+        if not server.running:
+            server.start()

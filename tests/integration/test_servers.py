@@ -1,0 +1,188 @@
+"""The managed servers really work: produce/consume on each broker, restarts keep data."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+import pytest
+from clickhouse_driver import Client
+from clickhouse_driver.errors import NetworkError
+from confluent_kafka import (
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from app.servers import ClickHouseServer, KafkaKRaftBroker, TansuBroker
+
+pytestmark = pytest.mark.integration
+
+
+class BrokerHandle(Protocol):
+    """What the ``broker`` fixture yields (see tests/integration/conftest.py)."""
+
+    name: str
+
+    @property
+    def bootstrap(self) -> str: ...
+
+
+N_MESSAGES = 100
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=1)
+    admin.create_topics([new], operation_timeout=30)[topic].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if (
+            meta is not None
+            and meta.error is None
+            and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"topic {topic} has no leaders after 30s")
+
+
+def produce(bootstrap: str, topic: str, keys: list[str]) -> None:
+    errors: list[object] = []
+
+    def on_delivery(err: object, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for i, key in enumerate(keys):
+        producer.produce(topic, key=key, value=f"v{i}", on_delivery=on_delivery)
+    assert producer.flush(30) == 0, "messages still in flight after 30s"
+    assert errors == []
+
+
+def consume(bootstrap: str, topic: str, group: str, expected: int, timeout: float = 60.0) -> list[Message]:
+    """Read ``expected`` records of ``topic`` from the beginning, committing the offsets."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            "enable.auto.commit": False,
+        }
+    )
+    received: list[Message] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while len(received) < expected and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=500, timeout=0.5):
+                if msg.error() is not None:
+                    raise KafkaException(msg.error())
+                received.append(msg)
+        if received:
+            consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return received
+
+
+def committed_total(bootstrap: str, topic: str, group: str, partitions: int) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=30))
+    finally:
+        consumer.close()
+
+
+def test_produce_and_consume_keyed_messages(broker: BrokerHandle, unique: str) -> None:
+    topic, group = f"servers-{unique}", f"servers-{unique}"
+    keys = [f"key-{i:03d}" for i in range(N_MESSAGES)]
+    create_topic(broker.bootstrap, topic, partitions=3)
+    produce(broker.bootstrap, topic, keys)
+
+    received = consume(broker.bootstrap, topic, group, N_MESSAGES)
+
+    assert len(received) == N_MESSAGES
+    assert sorted(m.key().decode() for m in received) == keys
+    partition_of: dict[bytes, set[int]] = {}
+    for msg in received:
+        partition_of.setdefault(msg.key(), set()).add(msg.partition())
+    assert all(len(parts) == 1 for parts in partition_of.values())
+    assert {m.partition() for m in received} == {0, 1, 2}
+
+
+def test_tansu_restart_comes_back_empty(tansu_broker: TansuBroker, unique: str) -> None:
+    topic = f"servers-{unique}"
+    create_topic(tansu_broker.bootstrap, topic, partitions=1)
+    port = tansu_broker.port
+
+    tansu_broker.restart()
+
+    assert tansu_broker.port == port
+    admin = AdminClient({"bootstrap.servers": tansu_broker.bootstrap})
+    assert topic not in admin.list_topics(timeout=10).topics  # memory storage
+
+
+def test_kafka_restart_keeps_records_and_offsets(kafka_broker: KafkaKRaftBroker, unique: str) -> None:
+    topic, group = f"servers-{unique}", f"servers-{unique}"
+    keys = [f"key-{i:03d}" for i in range(N_MESSAGES)]
+    create_topic(kafka_broker.bootstrap, topic, partitions=3)
+    produce(kafka_broker.bootstrap, topic, keys)
+    assert len(consume(kafka_broker.bootstrap, topic, group, N_MESSAGES)) == N_MESSAGES
+    pid = kafka_broker.pid
+
+    kafka_broker.restart()
+
+    assert kafka_broker.running and kafka_broker.pid != pid
+    assert committed_total(kafka_broker.bootstrap, topic, group, 3) == N_MESSAGES
+    again = consume(kafka_broker.bootstrap, topic, f"{group}-after", N_MESSAGES)
+    assert sorted(m.key().decode() for m in again) == keys
+
+
+def test_kafka_survives_sigkill(kafka_broker: KafkaKRaftBroker, unique: str) -> None:
+    topic = f"servers-{unique}"
+    first = [f"a-{i:03d}" for i in range(50)]
+    second = [f"b-{i:03d}" for i in range(50)]
+    create_topic(kafka_broker.bootstrap, topic, partitions=3)
+    produce(kafka_broker.bootstrap, topic, first)
+
+    kafka_broker.kill()
+    assert not kafka_broker.running
+    kafka_broker.start()
+
+    produce(kafka_broker.bootstrap, topic, second)
+    received = consume(kafka_broker.bootstrap, topic, f"servers-{unique}", 100)
+    assert sorted(m.key().decode() for m in received) == first + second
+
+
+def test_clickhouse_data_survives_restart(clickhouse_server: ClickHouseServer, unique: str) -> None:
+    table = f"servers_{unique}"
+    client = Client(clickhouse_server.host, clickhouse_server.tcp_port)
+    client.execute(
+        f"CREATE TABLE {table} (id UInt32, kind LowCardinality(String), ts DateTime)"
+        " ENGINE = MergeTree ORDER BY id"
+    )
+    epoch = datetime(2024, 1, 1, tzinfo=UTC)
+    rows = [(i, f"kind-{i % 3}", epoch + timedelta(seconds=i)) for i in range(1000)]
+    client.execute(f"INSERT INTO {table} (id, kind, ts) VALUES", rows)
+    assert client.execute(f"SELECT count() FROM {table}") == [(1000,)]
+    client.disconnect()
+
+    clickhouse_server.stop()
+    with pytest.raises(NetworkError):
+        Client(clickhouse_server.host, clickhouse_server.tcp_port).execute("SELECT 1")
+    clickhouse_server.start()
+
+    client = Client.from_url(clickhouse_server.url)
+    assert client.execute(f"SELECT count(), uniqExact(kind) FROM {table}") == [(1000, 3)]
+    client.disconnect()
