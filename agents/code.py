@@ -10,6 +10,7 @@ requests for one work on one partition owner: one work, one record, one code.
 from __future__ import annotations
 
 import asyncio
+import html
 import time
 import uuid
 from typing import Any
@@ -17,10 +18,19 @@ from typing import Any
 import faust
 import orjson
 from aiohttp import web
-from app.web import install_common_views
 
 from app.faust_app import get_app
-from app.http import BadRequest, authorize, forward_to, is_forwarded, json_error, json_response, parse_body
+from app.http import (
+    BadRequest,
+    authorize,
+    forward_to,
+    is_forwarded,
+    is_local,
+    json_error,
+    json_response,
+    owner_url,
+    parse_body,
+)
 from app.lifecycle import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
 from app.partitioner import record_key
 from app.runtime import Effects, GroupRuntime, Outgoing, header_value, now_ms
@@ -32,6 +42,7 @@ from app.topics import (
     CODE_REVIEW_FINISHED,
     REVIEW_TASK_FINISHED,
 )
+from app.web import install_common_views
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
@@ -236,16 +247,28 @@ class Record(faust.web.View):
             return json_error(400, "avcc_record_id: must be a decimal integer", ROUTE_RECORD, "GET")
         key = record_key(int(avcc_record_id))
         if not forwarded:
-            try:
-                owner = str(app.router.key_store("records", key))
-            except KeyError:
+            owner = owner_url(app, records, key)
+            if owner is None:
                 return json_error(503, "partition owner unknown (rebalancing); retry", ROUTE_RECORD, "GET")
-            if owner.rstrip("/") != str(app.conf.canonical_url).rstrip("/"):
+            if not is_local(app, owner):
                 return await forward_to(owner, request, body, settings)
         state = _load(key)
         if state is None:
             return json_error(404, f"record {avcc_record_id} not found", ROUTE_RECORD, "GET")
         return json_response(state.public(), 200, ROUTE_RECORD, "GET")
+
+
+def _record_row(s: RecordState) -> str:
+    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime((s.updated_ms or 0) / 1000))
+    cells = [
+        str(s.avcc_record_id),
+        s.status,
+        s.final_level or "",
+        "" if s.overall_score is None else str(s.overall_score),
+        s.avcc_code or "",
+        updated,
+    ]
+    return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
 
 
 @app.page("/records")
@@ -255,15 +278,10 @@ class RecentRecords(faust.web.View):
     async def get(self, request: web.Request) -> web.Response:
         states = [RecordState.model_validate_json(v) for _, v in records.items() if v]
         states.sort(key=lambda s: s.updated_ms or 0, reverse=True)
-        rows = "".join(
-            f"<tr><td>{s.avcc_record_id}</td><td class='st-{s.status}'>{s.status}</td>"
-            f"<td>{s.final_level or ''}</td><td>{s.overall_score if s.overall_score is not None else ''}</td>"
-            f"<td>{s.avcc_code or ''}</td><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime((s.updated_ms or 0) / 1000))}</td></tr>"
-            for s in states[:200]
-        )
-        html = (
+        rows = "".join(_record_row(s) for s in states[:200])
+        page = (
             "<!doctype html><title>AVCC records</title><h1>Recent records</h1>"
             "<table border=1 cellpadding=4><tr><th>record</th><th>status</th><th>level</th>"
             f"<th>score</th><th>AVCC code</th><th>updated (UTC)</th></tr>{rows}</table>"
         )
-        return web.Response(text=html, content_type="text/html")
+        return web.Response(text=page, content_type="text/html")

@@ -13,17 +13,27 @@ from typing import Any
 
 import faust
 from aiohttp import web
-from app.web import install_common_views
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import BusinessRuleViolation
 from app.faust_app import get_app
-from app.http import BadRequest, authorize, forward_to, is_forwarded, json_error, json_response, parse_body
+from app.http import (
+    BadRequest,
+    authorize,
+    forward_to,
+    is_forwarded,
+    is_local,
+    json_error,
+    json_response,
+    owner_url,
+    parse_body,
+)
 from app.partitioner import record_key
 from app.review_rules import ReviewConfig, review_application
 from app.runtime import Effects, GroupRuntime, Outgoing, now_ms
 from app.settings import get_settings
 from app.topics import APPLY_CREATED, REVIEW_DECISIONS, REVIEW_TASK_FINISHED
+from app.web import install_common_views
 from schemas.apply import ApplyCreated
 from schemas.decision import HumanDecision, HumanDecisionRequest
 from schemas.envelope import Envelope, make_envelope
@@ -227,11 +237,10 @@ class Decision(faust.web.View):
         record_id = int(avcc_record_id)
         key = record_key(record_id)
         if not forwarded:
-            try:
-                owner = str(app.router.key_store("tasks", key))
-            except KeyError:
+            owner = owner_url(app, tasks, key)
+            if owner is None:
                 return json_error(503, "partition owner unknown (rebalancing); retry", ROUTE_DECISION, "POST")
-            if owner.rstrip("/") != str(app.conf.canonical_url).rstrip("/"):
+            if not is_local(app, owner):
                 return await forward_to(owner, request, body, settings)
         task = _load(key)
         if task is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -34,7 +33,9 @@ def topics_plan(as_json: bool) -> None:
     click.echo(f"{'topic':36} {'parts':>5} {'retention':>10} {'cleanup':8} {'key':16} profile")
     for s in TOPIC_PLAN:
         days = "infinite" if s.retention_days is None else f"{s.retention_days:g}d"
-        click.echo(f"{s.name:36} {s.partitions:>5} {days:>10} {s.cleanup_policy:8} {s.key_field:16} {s.profile}")
+        click.echo(
+            f"{s.name:36} {s.partitions:>5} {days:>10} {s.cleanup_policy:8} {s.key_field:16} {s.profile}"
+        )
 
 
 @topics.command("apply")
@@ -42,9 +43,11 @@ def topics_plan(as_json: bool) -> None:
 def topics_apply(grow_partitions: bool) -> None:
     """Create missing topics and verify existing ones; exit 1 on drift that was not fixed."""
     from app.admin import apply_plan
+    from app.internal_topics import changelog_specs
     from app.settings import get_settings
 
-    report = apply_plan(get_settings(), grow_partitions=grow_partitions)
+    plan = [*TOPIC_PLAN, *changelog_specs()]
+    report = apply_plan(get_settings(), plan, grow_partitions=grow_partitions)
     for name in report.created:
         click.echo(f"created {name}")
     for drift in report.drift:
@@ -98,9 +101,16 @@ def worker(ctx: click.Context, group: str) -> None:
         spec = group_spec(group)
     except KeyError as exc:
         raise click.UsageError(str(exc)) from None
-    module = importlib.import_module(spec.module)
-    app = module.app
+    from app.admin import apply_plan
+    from app.internal_topics import changelog_specs, group_app
+
+    app = group_app(spec)
     settings = get_settings()
+    report = apply_plan(settings, changelog_specs([spec]))
+    if report.unfixed:
+        for drift in report.unfixed:
+            click.echo(f"drift: {drift.line()}", err=True)
+        raise SystemExit(f"group {group}: its changelog topics drift from its tables; fix before starting")
     args = list(ctx.args)
     if "--web-port" not in args:
         args += ["--web-port", str(settings.web_port + spec.port_offset)]
@@ -149,10 +159,6 @@ def lag() -> None:
 @main.group()
 def dlq() -> None:
     """Dead-letter queue: list, show, re-inject, discard."""
-
-
-def _dlq_cli() -> object:
-    return importlib.import_module("app.dlq_cli")
 
 
 @dlq.command("list")

@@ -96,13 +96,23 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
             cmd = [sys.executable, "-m", "app", "worker", group.name]
             child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=Path.cwd())
             children.append((group, child))
-            log.info("started group %s (pid %d, web port %d, log %s)", group.name, child.pid,
-                     settings.web_port + group.port_offset, logs / f"{group.name}.log")
-        print(BANNER.format(
-            bootstrap=settings.kafka_bootstrap, clickhouse=settings.clickhouse_url,
-            host=settings.web_host, port=settings.web_port,
-            code_port=settings.web_port + 1,
-        ), flush=True)
+            log.info(
+                "started group %s (pid %d, web port %d, log %s)",
+                group.name,
+                child.pid,
+                settings.web_port + group.port_offset,
+                logs / f"{group.name}.log",
+            )
+        print(
+            BANNER.format(
+                bootstrap=settings.kafka_bootstrap,
+                clickhouse=settings.clickhouse_url,
+                host=settings.web_host,
+                port=settings.web_port,
+                code_port=settings.web_port + 1,
+            ),
+            flush=True,
+        )
         while not stopping:
             for group, child in children:
                 if child.poll() is not None:

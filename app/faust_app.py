@@ -76,6 +76,7 @@ def get_app(group: str) -> faust.App:
         web_port=settings.web_port + spec.port_offset,
         web_in_thread=False,
         table_standby_replicas=0,
-        stream_wait_empty=True,
+        stream_wait_empty=False,
+        reply_create_topic=True,
     )
     return app

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.auth import AuthenticationFailed, NonceCache, verify_headers
 from app.metrics import HTTP_REQUESTS
+from app.partitioner import partition_for
 from app.settings import Settings
 from schemas.violations import to_schema_violation
 
@@ -114,3 +115,22 @@ async def authorize(
         HTTP_REQUESTS.labels(route, str(request.method), "401").inc()
         return exc.response()
     return None
+
+
+def owner_url(app: Any, table: Any, key: bytes) -> str | None:
+    """Base URL of the worker that owns ``key``'s partition of ``table`` (``None`` if unknown).
+
+    The partition is murmur2 of the key like every producer computes it; the owner comes from
+    faust's assignment metadata of the table's changelog topic.
+    """
+    partition = partition_for(key, int(table.partitions))
+    topic = table.changelog_topic.get_topic_name()
+    for url, topics in app.router.table_metadata(table.name).items():
+        if partition in topics.get(topic, ()):
+            return str(url).rstrip("/")
+    return None
+
+
+def is_local(app: Any, url: str) -> bool:
+    """Whether ``url`` is this worker."""
+    return url == str(app.conf.canonical_url).rstrip("/")

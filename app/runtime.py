@@ -173,8 +173,6 @@ class GroupRuntime:
             partitions=partitions,
             key_type=bytes,
             value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
         )
 
     async def emit(self, outputs: Iterable[Outgoing]) -> None:
@@ -188,7 +186,7 @@ class GroupRuntime:
 
     async def process(
         self,
-        event: faust.types.EventT,
+        event: Any,
         handler: Handler,
         *,
         topic: str | None = None,

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     replication_factor: int = Field(1, description="Replication factor for created topics.")
 
     clickhouse_url: str = Field(
-        "chdb:///var/chdb",
+        "chdb://chdb",
         description="`clickhouse://host:port/db` for a server, `chdb:///path` for embedded chDB "
         "(a relative path is resolved against the data dir).",
     )
@@ -96,7 +96,9 @@ class Settings(BaseSettings):
         """``host:port[,host:port]`` from :attr:`kafka_url`."""
         parsed = urlparse(self.kafka_url)
         if parsed.scheme not in {"kafka", ""} or not parsed.netloc:
-            raise ConfigurationError(f"AVCC_KAFKA_URL must look like kafka://host:port, got {self.kafka_url!r}")
+            raise ConfigurationError(
+                f"AVCC_KAFKA_URL must look like kafka://host:port, got {self.kafka_url!r}"
+            )
         return parsed.netloc.replace(";", ",")
 
     def kafka_client_config(self) -> dict[str, str]:

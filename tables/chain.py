@@ -18,8 +18,6 @@ reviews_seen: Any = _app.Table(
     partitions=REVIEW_TASK_FINISHED.partitions,
     key_type=bytes,
     value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     help="Dedup set of review results (chain group)",
 )
 
@@ -29,7 +27,5 @@ submissions: Any = _app.Table(
     partitions=CHAIN_TX_PENDING.partitions,
     key_type=bytes,
     value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     help="Chain submissions and their receipts (chain group)",
 )

@@ -17,8 +17,6 @@ records: Any = _app.Table(
     partitions=APPLY_CREATED.partitions,
     key_type=bytes,
     value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     help="Per-record lifecycle state (code group)",
 )
 
@@ -28,7 +26,5 @@ claims: Any = _app.Table(
     partitions=CODE_CLAIMS.partitions,
     key_type=bytes,
     value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     help="One work, one record: content hash claims (code group)",
 )

@@ -15,7 +15,5 @@ tasks: Any = get_app("review").Table(
     partitions=APPLY_CREATED.partitions,
     key_type=bytes,
     value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     help="Review tasks and reports (review group)",
 )

@@ -15,7 +15,5 @@ clearing: Any = get_app("settlement").Table(
     partitions=CHAIN_TX_CONFIRMED.partitions,
     key_type=bytes,
     value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     help="Clearing status per settlement instruction (settlement group)",
 )
