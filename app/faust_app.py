@@ -8,6 +8,7 @@ from typing import Any
 
 import faust
 
+from app import transport
 from app.groups import group_spec
 from app.settings import Settings, get_settings
 
@@ -49,6 +50,23 @@ def _credentials(settings: Settings) -> Any:
     )
 
 
+#: Cluster id the embedded Tansu broker reports unless told otherwise.
+TANSU_CLUSTER_ID = "tansu_cluster"
+
+
+def needs_single_record_batches(settings: Settings) -> bool:
+    """Whether faust's producer must write one record per batch (see the setting's doc)."""
+    if settings.kafka_single_record_batches is not None:
+        return settings.kafka_single_record_batches
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        metadata = AdminClient({**settings.kafka_client_config(), "log_level": 0}).list_topics(timeout=10)
+    except Exception:  # broker not up yet: assume the careful setting
+        return True
+    return str(metadata.cluster_id) == TANSU_CLUSTER_ID
+
+
 @cache
 def get_app(group: str) -> faust.App:
     """The faust App of ``group`` (created once per process)."""
@@ -56,7 +74,7 @@ def get_app(group: str) -> faust.App:
     spec = group_spec(group)
     app = faust.App(
         consumer_group_id(group),
-        broker=f"kafka://{settings.kafka_bootstrap}",
+        broker=f"{transport.SCHEME}://{settings.kafka_bootstrap}",
         broker_credentials=_credentials(settings),
         store="rocksdb://",
         datadir=str(settings.resolve_data_path("workers", group)),
@@ -78,5 +96,6 @@ def get_app(group: str) -> faust.App:
         table_standby_replicas=0,
         stream_wait_empty=False,
         reply_create_topic=True,
+        producer_max_batch_size=1 if needs_single_record_batches(settings) else 16384,
     )
     return app

@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     kafka_session_timeout_ms: int = Field(
         10_000, description="Consumer session timeout; low so rebalances after a crash are quick."
     )
+    kafka_single_record_batches: bool | None = Field(
+        None,
+        description="Make faust write one record per batch (changelogs, replies). Needed on Tansu, "
+        "whose high watermark only counts the first record of the last batch, which breaks table "
+        "recovery. Unset: detected from the broker's cluster id.",
+    )
     replication_factor: int = Field(1, description="Replication factor for created topics.")
 
     clickhouse_url: str = Field(
