@@ -55,7 +55,8 @@ TANSU_CLUSTER_ID = "tansu_cluster"
 
 
 def needs_single_record_batches(settings: Settings) -> bool:
-    """Whether faust's producer must write one record per batch (see the setting's doc)."""
+    """Whether the broker is Tansu-like: a high watermark that counts only the first record of
+    the last batch, and fetches answered only when their wait expires (see the setting's doc)."""
     if settings.kafka_single_record_batches is not None:
         return settings.kafka_single_record_batches
     from confluent_kafka.admin import AdminClient
@@ -72,6 +73,7 @@ def get_app(group: str) -> faust.App:
     """The faust App of ``group`` (created once per process)."""
     settings = get_settings()
     spec = group_spec(group)
+    tansu_like = needs_single_record_batches(settings)
     app = faust.App(
         consumer_group_id(group),
         broker=f"{transport.SCHEME}://{settings.kafka_bootstrap}",
@@ -96,6 +98,11 @@ def get_app(group: str) -> faust.App:
         table_standby_replicas=0,
         stream_wait_empty=False,
         reply_create_topic=True,
-        producer_max_batch_size=1 if needs_single_record_batches(settings) else 16384,
+        producer_max_batch_size=1 if tansu_like else 16384,
+    )
+    app.avcc_fetch_max_wait_ms = (
+        transport.FETCH_MAX_WAIT_MS
+        if tansu_like
+        else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS
     )
     return app

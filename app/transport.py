@@ -13,18 +13,32 @@ from typing import Any
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.drivers import TRANSPORTS
 
-__all__ = ["FETCH_MAX_WAIT_MS", "SCHEME", "Transport"]
+__all__ = [
+    "EARLY_ANSWER_FETCH_MAX_WAIT_MS",
+    "FETCH_MAX_WAIT_MS",
+    "SCHEME",
+    "Transport",
+    "fetch_max_wait_ms",
+]
 
-#: Longest time a fetch waits for data (idle consumers poll this often).
+#: Longest time a fetch waits for data on a broker that does not answer early (Tansu); idle
+#: consumers poll this often, so it trades idle CPU for per-hop latency.
 FETCH_MAX_WAIT_MS = 50
+#: Fetch wait on brokers that answer as soon as data arrives (Apache Kafka).
+EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
+
+
+def fetch_max_wait_ms(app: Any) -> int:
+    """The fetch wait chosen for ``app`` by :func:`app.faust_app.get_app`."""
+    return int(getattr(app, "avcc_fetch_max_wait_ms", EARLY_ANSWER_FETCH_MAX_WAIT_MS))
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):  # type: ignore[misc]
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        consumer._fetch_max_wait_ms = fetch_max_wait_ms(self.app)
         return consumer
 
 

@@ -56,7 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if _INTEGRATION_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.integration)
         callspec = getattr(item, "callspec", None)
-        broker = callspec.params.get("broker") if callspec is not None else None
+        params = callspec.params if callspec is not None else {}
+        broker = params.get("broker", params.get("stack_broker"))
         if broker is not None and broker not in brokers:
             dropped.append(item)
         else:

@@ -1,0 +1,190 @@
+"""Latency from HTTP apply to AVCC code issued, for O-level works, on the local stack.
+
+Starts an embedded Tansu broker and the code/review/chain/settlement workers (block interval
+100 ms), measures the broker round trip (produce -> consume of one message) as the baseline,
+then submits N signed O-level applications at a steady rate and reads, from each record's
+history, when its code was issued. Prints p50/p99 and one JSON line per figure.
+
+    python -m bench.lifecycle [--applications 1000] [--rate 50] [--bootstrap host:port]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from app.admin import apply_plan
+from app.auth import sign_request
+from app.internal_topics import changelog_specs
+from app.servers.process import ManagedProcess, free_port
+from app.servers.tansu import TansuBroker
+from app.settings import Settings
+from app.topics import TOPIC_PLAN
+
+GROUPS = ("code", "review", "chain", "settlement")
+KEY, SECRET = "bench", "bench-secret-0123456789"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def broker_round_trip(bootstrap: str, samples: int = 200) -> list[float]:
+    """Produce (acks=all, idempotent) -> consume latency of single messages, in ms."""
+    topic = f"bench-rtt-{uuid.uuid4().hex[:8]}"
+    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, 1, 1)])[topic].result()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0})
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": topic, "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 10,
+    })
+    consumer.subscribe([topic])
+    while not consumer.assignment():
+        consumer.poll(0.1)
+    latencies: list[float] = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        producer.produce(topic, b"x")
+        producer.flush()
+        while (msg := consumer.poll(1.0)) is None or msg.error():
+            pass
+        latencies.append((time.perf_counter() - started) * 1000)
+    consumer.close()
+    return latencies
+
+
+def _ready(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
+        return bool(response.status == 200)
+
+
+async def run_applications(base: str, count: int, rate: float) -> list[float]:
+    """Submit ``count`` O-level applications at ``rate``/s; latency (ms) to code issued each."""
+    sent: dict[int, float] = {}
+    path = "/v1/avcc/applications"
+    async with aiohttp.ClientSession() as session:
+
+        async def apply_one() -> None:
+            body = orjson.dumps({
+                "request_id": f"req_{uuid.uuid4().hex[:16]}",
+                "content_url": "s3://aigc-hub-storage/works/raw/bench.mp4",
+                "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+                "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+                "priority": 9, "title": "bench work", "applicant_id": "bench",
+            })
+            started_ms = time.time() * 1000
+            async with session.post(base + path, data=body, headers=sign_request("POST", path, body, KEY, SECRET)) as r:
+                answer = await r.json()
+                if r.status != 202:
+                    raise RuntimeError(f"apply failed: {r.status} {answer}")
+                sent[answer["avcc_record_id"]] = started_ms
+
+        tasks = []
+        for _ in range(count):
+            tasks.append(asyncio.create_task(apply_one()))
+            await asyncio.sleep(1 / rate)
+        await asyncio.gather(*tasks)
+
+        latencies: list[float] = []
+        deadline = time.monotonic() + 120
+        pending = dict(sent)
+        while pending and time.monotonic() < deadline:
+            for record_id, started_ms in list(pending.items()):
+                p = f"/v1/avcc/records/{record_id}"
+                async with session.get(base + p, headers=sign_request("GET", p, b"", KEY, SECRET)) as r:
+                    if r.status != 200:
+                        continue
+                    record = await r.json()
+                issued = [h["at_ms"] for h in record["history"] if h["status"] == "issued"]
+                if issued:
+                    latencies.append(issued[0] - started_ms)
+                    del pending[record_id]
+            await asyncio.sleep(0.5)
+        if pending:
+            print(f"WARNING: {len(pending)} applications not issued within 120 s", file=sys.stderr)
+    return latencies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--applications", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=50.0, help="applications per second")
+    parser.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded Tansu")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
+    broker = None
+    if args.bootstrap is None:
+        broker = TansuBroker(work / "tansu", port=free_port())
+        broker.start()
+        bootstrap = broker.bootstrap
+    else:
+        bootstrap = args.bootstrap
+    workers: list[ManagedProcess] = []
+    try:
+        settings = Settings(kafka_url=f"kafka://{bootstrap}")
+        apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AVCC_")},
+            "AVCC_KAFKA_URL": f"kafka://{bootstrap}", "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
+            "AVCC_BLOCK_INTERVAL_MS": "100", "AVCC_LOG_LEVEL": "WARNING",
+            "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        }
+        ports = {}
+        for group in GROUPS:
+            port = ports[group] = free_port()
+            worker = ManagedProcess(
+                group, [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)],
+                log_path=work / f"{group}.log", cwd=ROOT, env={**env, "AVCC_DATA_DIR": str(work / group)},
+                ready=lambda p=port: _ready(p), ready_timeout=120, die_with_parent=True,
+            )
+            worker.start(wait=False)
+            workers.append(worker)
+        for worker in workers:
+            worker.wait_ready()
+
+        rtt = broker_round_trip(bootstrap)
+        asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", 20, 20))  # warm-up
+        latencies = asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate))
+        figures = [
+            ("broker_round_trip", rtt),
+            ("apply_to_code_issued_o_level", latencies),
+        ]
+        print(f"\n{'figure':34} {'n':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
+        for name, values in figures:
+            print(f"{name:34} {len(values):>6} {percentile(values, 50):>9.1f} {percentile(values, 99):>9.1f} "
+                  f"{statistics.fmean(values):>9.1f}")
+        for name, values in figures:
+            print(json.dumps({
+                "name": name, "n": len(values), "p50_ms": round(percentile(values, 50), 2),
+                "p99_ms": round(percentile(values, 99), 2), "block_interval_ms": 100,
+            }))
+        return 0
+    finally:
+        for worker in workers:
+            worker.stop()
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

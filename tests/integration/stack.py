@@ -1,0 +1,129 @@
+"""Runs agent-group workers as real subprocesses against a test broker, and signs requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from app.auth import sign_request
+from app.servers.process import ManagedProcess, free_port
+
+__all__ = ["API_KEY", "API_SECRET", "Stack", "wait_for"]
+
+API_KEY = "test-partner"
+API_SECRET = "test-secret-0123456789"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Stack:
+    """Worker processes of several groups sharing one broker, data under ``root``."""
+
+    def __init__(self, bootstrap: str, root: Path, env: Mapping[str, str] | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.root = root
+        self.workers: dict[tuple[str, int], ManagedProcess] = {}
+        self.ports: dict[tuple[str, int], int] = {}
+        base = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
+        self.env: dict[str, str] = {
+            **base,
+            "AVCC_KAFKA_URL": f"kafka://{bootstrap}",
+            "AVCC_HMAC_KEYS": json.dumps({API_KEY: API_SECRET}),
+            "AVCC_OPERATOR_USERS": json.dumps({"operator": "operator-pass"}),
+            "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
+            "AVCC_BLOCK_INTERVAL_MS": "50",
+            "AVCC_LOG_LEVEL": "INFO",
+            **(env or {}),
+        }
+
+    def worker(self, group: str, index: int = 0) -> ManagedProcess:
+        """The (created on first use) worker process ``index`` of ``group``."""
+        key = (group, index)
+        if key not in self.workers:
+            port = free_port()
+            data = self.root / f"{group}-{index}"
+            env = {**self.env, "AVCC_DATA_DIR": str(data)}
+            argv = [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)]
+            self.ports[key] = port
+            self.workers[key] = ManagedProcess(
+                f"{group}-{index}", argv, log_path=self.root / f"{group}-{index}.log", cwd=ROOT,
+                env=env, ready=lambda p=port: _ready(p), ready_timeout=120.0, stop_timeout=30.0,
+                die_with_parent=True,
+            )
+        return self.workers[key]
+
+    def start(self, *groups: str, index: int = 0) -> None:
+        """Start workers and wait until each reports ``/ready``."""
+        for group in groups:
+            self.worker(group, index).start(wait=False)
+        for group in groups:
+            self.worker(group, index).wait_ready()
+
+    def url(self, group: str, index: int = 0) -> str:
+        """Base URL of a worker's web server."""
+        return f"http://127.0.0.1:{self.ports[(group, index)]}"
+
+    def data_dir(self, group: str, index: int = 0) -> Path:
+        """The worker's data dir (RocksDB tables, ledger)."""
+        return self.root / f"{group}-{index}"
+
+    def stop_all(self) -> None:
+        """Stop every worker (SIGTERM, then SIGKILL after the stop timeout)."""
+        for process in self.workers.values():
+            process.stop()
+
+    def logs(self, groups: Iterable[str] | None = None) -> str:
+        """Tails of worker logs, for assertion messages."""
+        return "\n".join(
+            p.log_tail(4000) for (g, _), p in self.workers.items() if groups is None or g in groups
+        )
+
+    async def call(
+        self,
+        group: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        signed: bool = True,
+        headers: Mapping[str, str] | None = None,
+        raw: bytes | None = None,
+        index: int = 0,
+    ) -> tuple[int, Any]:
+        """One HTTP request to a worker; returns (status, decoded JSON or text)."""
+        data = raw if raw is not None else (orjson.dumps(body) if body is not None else b"")
+        all_headers = dict(sign_request(method, path, data, API_KEY, API_SECRET)) if signed else {}
+        all_headers.update(headers or {})
+        async with aiohttp.ClientSession() as session, session.request(
+            method, self.url(group, index) + path, data=data, headers=all_headers
+        ) as response:
+            text = await response.read()
+            try:
+                return response.status, orjson.loads(text)
+            except orjson.JSONDecodeError:
+                return response.status, text.decode(errors="replace")
+
+
+def _ready(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
+        return bool(response.status == 200)
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; that value, or AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

@@ -1,0 +1,316 @@
+"""Core lifecycle on real brokers: apply -> review -> chain -> AVCC code, exactly-once effects."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from app.admin import apply_plan
+from app.avcc_code import verify_check_char
+from app.internal_topics import changelog_specs
+from app.ledger import verify_ledger
+from app.settings import Settings
+from app.topics import (
+    APPLY_CREATED,
+    CHAIN_TX_CONFIRMED,
+    CHAIN_TX_PENDING,
+    REVIEW_TASK_FINISHED,
+    TOPIC_PLAN,
+)
+from tests.integration.stack import Stack, wait_for
+
+CORE_GROUPS = ("code", "review", "chain", "settlement")
+
+
+@pytest.fixture(scope="session", params=["tansu", "kafka"], ids=["tansu", "kafka"])
+def stack_broker(request: pytest.FixtureRequest) -> Any:
+    """A session broker (the same selection rules as the ``broker`` fixture)."""
+    server = request.getfixturevalue(f"{request.param}_broker")
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """code, review, chain and settlement workers on one broker, for the whole session."""
+    root = tmp_path_factory.mktemp("core-stack")
+    settings = Settings(kafka_url=f"kafka://{stack_broker.bootstrap}")
+    apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
+    stack = Stack(stack_broker.bootstrap, root)
+    stack.start(*CORE_GROUPS)
+    yield stack
+    stack.stop_all()
+
+
+def application(**overrides: Any) -> dict[str, Any]:
+    """A valid application body for a fresh work."""
+    body = {
+        "request_id": f"req_{uuid.uuid4().hex[:12]}",
+        "content_url": "s3://aigc-hub-storage/works/raw/clip.mp4",
+        "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+        "priority": 9,
+        "title": "Sunrise over the river",
+        "applicant_id": "applicant-42",
+    }
+    body.update(overrides)
+    return body
+
+
+async def record_when(stack: Stack, record_id: int, done: Any, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll ``GET /v1/avcc/records/{id}`` until ``done(record)``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        status, last = await stack.call("code", "GET", f"/v1/avcc/records/{record_id}")
+        if status == 200 and done(last):
+            return dict(last)
+        time.sleep(0.2)
+    raise AssertionError(f"record {record_id} never reached the state; last={last}\n{stack.logs()}")
+
+
+async def test_signed_application_gets_code_with_full_history(core_stack: Stack) -> None:
+    status, answer = await core_stack.call("code", "POST", "/v1/avcc/applications", application())
+    assert status == 202, answer
+    assert answer["status"] == "submitted"
+    record = await record_when(core_stack, answer["avcc_record_id"], lambda r: r.get("avcc_code"))
+
+    assert record["status"] == "issued"
+    assert record["decision"] == "approved" and record["final_level"] == "O"
+    assert record["tx_hash"].startswith("0x") and record["block_height"] >= 1
+    assert verify_check_char(record["avcc_code"])
+    assert record["avcc_code"].startswith("MA.156.10005.8361/")
+    assert [h["status"] for h in record["history"]] == ["submitted", "approved", "issued"]
+    assert all(h["at_ms"] > 0 for h in record["history"])
+    result = verify_ledger(core_stack.data_dir("chain") / "ledger")
+    assert result.ok, result.error
+
+
+async def test_same_request_id_is_idempotent_and_same_work_conflicts(core_stack: Stack) -> None:
+    body = application()
+    first = await core_stack.call("code", "POST", "/v1/avcc/applications", body)
+    again = await core_stack.call("code", "POST", "/v1/avcc/applications", body)
+    other = await core_stack.call(
+        "code", "POST", "/v1/avcc/applications", {**body, "request_id": f"req_{uuid.uuid4().hex[:12]}"}
+    )
+    assert first[0] == 202 and again[0] == 202
+    assert again[1]["avcc_record_id"] == first[1]["avcc_record_id"]
+    assert other[0] == 409
+    assert other[1]["avcc_record_id"] == first[1]["avcc_record_id"]
+
+
+async def test_concurrent_applications_for_one_work_get_one_record(core_stack: Stack) -> None:
+    import asyncio
+
+    content_hash = "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+    calls = [
+        core_stack.call("code", "POST", "/v1/avcc/applications", application(content_hash=content_hash))
+        for _ in range(8)
+    ]
+    results = await asyncio.gather(*calls)
+    statuses = sorted(s for s, _ in results)
+    assert statuses.count(202) == 1 and statuses.count(409) == 7, results
+    assert len({a["avcc_record_id"] for _, a in results}) == 1
+
+
+async def test_need_human_waits_for_reviewer_then_completes_or_rejects(core_stack: Stack) -> None:
+    unknown_model = {"model_name": "home-made-diffuser", "model_version": "v2.1.0"}
+    ids = []
+    for _ in range(2):
+        status, answer = await core_stack.call(
+            "code", "POST", "/v1/avcc/applications", application(ai_tool_info=unknown_model, priority=9)
+        )
+        assert status == 202, answer
+        ids.append(answer["avcc_record_id"])
+    for record_id in ids:
+        record = await record_when(core_stack, record_id, lambda r: r["status"] == "need_human")
+        assert record.get("avcc_code") is None
+    status, listing = await core_stack.call("review", "GET", "/v1/review/tasks?status=need_human")
+    assert status == 200
+    waiting = {t["avcc_record_id"] for t in listing["tasks"]}
+    assert set(ids) <= waiting
+
+    approve = {"decision": "approve", "final_level": "G", "reviewer": "rev-1", "reason": "checked provenance"}
+    reject = {"decision": "reject", "final_level": "P", "reviewer": "rev-2", "reason": "watermark missing"}
+    assert (await core_stack.call("review", "POST", f"/v1/review/tasks/{ids[0]}/decision", approve))[0] == 202
+    assert (await core_stack.call("review", "POST", f"/v1/review/tasks/{ids[1]}/decision", reject))[0] == 202
+
+    issued = await record_when(core_stack, ids[0], lambda r: r.get("avcc_code"))
+    assert issued["final_level"] == "G" and issued["status"] == "issued"
+    rejected = await record_when(core_stack, ids[1], lambda r: r["status"] == "rejected")
+    assert rejected.get("avcc_code") is None and rejected.get("tx_hash") is None
+    again = await core_stack.call("review", "POST", f"/v1/review/tasks/{ids[1]}/decision", approve)
+    assert again[0] == 409
+
+
+def _read_all(bootstrap: str, topics: list[str]) -> list[Any]:
+    """Every message now readable on ``topics`` (read until 3 s without new data: Tansu's
+    reported end offsets lag, so they cannot be the stop condition)."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+    })
+    messages: list[Any] = []
+    try:
+        for topic in topics:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            idle = time.monotonic()
+            while time.monotonic() - idle < 3:
+                batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+                if batch:
+                    messages.extend(batch)
+                    idle = time.monotonic()
+    finally:
+        consumer.close()
+    return messages
+
+
+def _topic_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Messages readable now on each topic."""
+    return {t: len(_read_all(bootstrap, [t])) for t in topics}
+
+
+def _replay(bootstrap: str, topics: list[str]) -> int:
+    """Re-produce every message of ``topics`` (same partition, key, value, headers): each
+    event is delivered a second time to every group that consumes it."""
+    messages = _read_all(bootstrap, topics)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    for m in messages:
+        producer.produce(m.topic(), m.value(), m.key(), partition=m.partition(), headers=m.headers())
+    assert producer.flush(30) == 0
+    return len(messages)
+
+
+async def test_replaying_every_core_topic_changes_nothing(core_stack: Stack) -> None:
+    ids = []
+    for _ in range(3):
+        status, answer = await core_stack.call("code", "POST", "/v1/avcc/applications", application())
+        assert status == 202
+        ids.append(answer["avcc_record_id"])
+    before = [await record_when(core_stack, i, lambda r: r.get("avcc_code")) for i in ids]
+    ledger_path: Path = core_stack.data_dir("chain") / "ledger"
+    txs_before = verify_ledger(ledger_path).transactions
+    core = [APPLY_CREATED.name, REVIEW_TASK_FINISHED.name, CHAIN_TX_PENDING.name, CHAIN_TX_CONFIRMED.name]
+    confirmed_before = _topic_counts(core_stack.bootstrap, [CHAIN_TX_CONFIRMED.name])
+
+    copied = _replay(core_stack.bootstrap, core)
+    assert copied >= 12
+
+    # a marker application submitted after the replay: once it is issued, every group has
+    # consumed past the duplicates (each partition is processed in order).
+    status, marker = await core_stack.call("code", "POST", "/v1/avcc/applications", application())
+    await record_when(core_stack, marker["avcc_record_id"], lambda r: r.get("avcc_code"))
+    time.sleep(2)
+
+    after = [await record_when(core_stack, i, lambda r: r.get("avcc_code")) for i in ids]
+    for old, new in zip(before, after, strict=True):
+        assert new["avcc_code"] == old["avcc_code"]
+        assert new["tx_hash"] == old["tx_hash"]
+        assert new["history"] == old["history"], "a replayed event changed the record"
+    check = verify_ledger(ledger_path)
+    assert check.ok, check.error
+    assert check.transactions == txs_before + 1, "a replay submitted a second chain transaction"
+    confirmed_after = _topic_counts(core_stack.bootstrap, [CHAIN_TX_CONFIRMED.name])
+    replayed_confirmed = confirmed_before[CHAIN_TX_CONFIRMED.name]
+    assert confirmed_after[CHAIN_TX_CONFIRMED.name] == 2 * replayed_confirmed + 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda h: {**h, "X-AVCC-Signature": "0" * 64}, "bad_signature"),
+        (lambda h: {**h, "X-AVCC-Key": "nobody"}, "unknown_key"),
+        (lambda h: {k: v for k, v in h.items() if k != "X-AVCC-Nonce"}, "missing_header"),
+    ],
+    ids=["bad-signature", "unknown-key", "missing-nonce"],
+)
+async def test_bad_signatures_get_401_and_produce_nothing(core_stack: Stack, mutate: Any, reason: str) -> None:
+    from app.auth import sign_request
+    from tests.integration.stack import API_KEY, API_SECRET
+
+    body = application()
+    import orjson
+
+    raw = orjson.dumps(body)
+    headers = mutate(sign_request("POST", "/v1/avcc/applications", raw, API_KEY, API_SECRET))
+    status, answer = await core_stack.call(
+        "code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers
+    )
+    assert status == 401 and answer["reason"] == reason
+    assert _application_count(core_stack, body["request_id"]) == 0
+
+
+async def test_replayed_nonce_and_skewed_timestamp_get_401(core_stack: Stack) -> None:
+    import orjson
+
+    from app.auth import sign_request
+    from tests.integration.stack import API_KEY, API_SECRET
+
+    body = application()
+    raw = orjson.dumps(body)
+    headers = sign_request("POST", "/v1/avcc/applications", raw, API_KEY, API_SECRET)
+    ok = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers)
+    assert ok[0] == 202
+    replay = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers)
+    assert replay[0] == 401 and replay[1]["reason"] == "replayed_nonce"
+    skewed = sign_request(
+        "POST", "/v1/avcc/applications", raw, API_KEY, API_SECRET, timestamp_ms=int(time.time() * 1000) - 600_000
+    )
+    stale = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=skewed)
+    assert stale[0] == 401 and stale[1]["reason"] == "stale_timestamp"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("content_hash", "sha256:abc123"),
+        ("priority", 12),
+        ("ai_tool_info", {"model_name": "x"}),
+        ("content_url", "ftp://example.org/x"),
+    ],
+)
+async def test_malformed_bodies_get_400_naming_the_field(core_stack: Stack, field: str, value: Any) -> None:
+    body = application(**{field: value})
+    status, answer = await core_stack.call("code", "POST", "/v1/avcc/applications", body)
+    assert status == 400
+    assert field in answer["error"]
+    assert any(f.startswith(field) for f in answer["fields"])
+    assert _application_count(core_stack, body["request_id"]) == 0
+
+
+async def test_malformed_json_and_missing_fields_get_400(core_stack: Stack) -> None:
+    status, answer = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=b"{not json")
+    assert status == 400 and "body" in answer["fields"]
+    body = application()
+    del body["content_hash"]
+    status, answer = await core_stack.call("code", "POST", "/v1/avcc/applications", body)
+    assert status == 400 and "content_hash" in answer["fields"]
+
+
+def _application_count(stack: Stack, request_id: str) -> int:
+    """apply.created events carrying ``request_id`` (the topic is read to its end)."""
+    consumer = Consumer({
+        "bootstrap.servers": stack.bootstrap, "group.id": f"probe-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+    })
+    found = 0
+    try:
+        parts = consumer.list_topics(APPLY_CREATED.name, timeout=10).topics[APPLY_CREATED.name].partitions
+        consumer.assign([TopicPartition(APPLY_CREATED.name, p, 0) for p in parts])
+        idle = time.monotonic()
+        while time.monotonic() - idle < 2:
+            for m in consumer.consume(1000, timeout=0.3):
+                idle = time.monotonic()
+                if m.error() is None and request_id.encode() in (m.value() or b""):
+                    found += 1
+    finally:
+        consumer.close()
+    return found
