@@ -102,11 +102,11 @@ def worker(ctx: click.Context, group: str) -> None:
     except KeyError as exc:
         raise click.UsageError(str(exc)) from None
     from app.admin import apply_plan
-    from app.internal_topics import changelog_specs, group_app
+    from app.internal_topics import group_app, worker_topics
 
     app = group_app(spec)
     settings = get_settings()
-    report = apply_plan(settings, changelog_specs([spec]))
+    report = apply_plan(settings, worker_topics(spec))
     if report.unfixed:
         for drift in report.unfixed:
             click.echo(f"drift: {drift.line()}", err=True)

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from app.groups import GROUPS, GroupSpec
-from app.topics import INFINITE, TopicSpec
+from app.topics import DAY_MS, INFINITE, TopicSpec
 
-__all__ = ["changelog_specs", "group_app"]
+__all__ = ["changelog_specs", "group_app", "reply_specs", "worker_topics"]
 
 
 def group_app(group: GroupSpec) -> Any:
@@ -41,3 +41,31 @@ def changelog_specs(groups: Iterable[GroupSpec] = GROUPS) -> list[TopicSpec]:
                 )
             )
     return specs
+
+
+def reply_specs(groups: Iterable[GroupSpec]) -> list[TopicSpec]:
+    """The reply topic of each group whose agents answer ``ask`` (faust request/reply).
+
+    faust names it per process (``app.conf.reply_to``), so it is created when the worker starts.
+    """
+    specs: list[TopicSpec] = []
+    for group in groups:
+        app = group_app(group)
+        if getattr(app, "avcc_uses_replies", False):
+            specs.append(
+                TopicSpec(
+                    name=str(app.conf.reply_to),
+                    partitions=1,
+                    retention_ms=DAY_MS,
+                    cleanup_policy="delete",
+                    key_field="correlation id",
+                    profile="core",
+                    purpose=f"replies to this {group.name} worker's requests",
+                )
+            )
+    return specs
+
+
+def worker_topics(group: GroupSpec) -> list[TopicSpec]:
+    """Every internal topic a worker of ``group`` needs before it starts."""
+    return [*changelog_specs([group]), *reply_specs([group])]

@@ -17,6 +17,7 @@ __all__ = [
     "CODE_CLAIMS",
     "CODE_REVIEW_FINISHED",
     "DLQ",
+    "DAY_MS",
     "INFINITE",
     "PLAYBACK_EVENT",
     "RETRY",

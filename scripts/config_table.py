@@ -1,21 +1,43 @@
-"""Print the README's configuration table, generated from the settings object."""
+"""Print the README's configuration tables, generated from the settings classes."""
 
 from __future__ import annotations
 
-from app.settings import Settings
+import importlib
+import sys
 
-__all__ = ["config_table"]
+from pydantic_settings import BaseSettings
+
+__all__ = ["SETTINGS_CLASSES", "config_tables"]
+
+#: Every settings class, in README order: (module, class name, heading).
+SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
+    ("app.settings", "Settings", "Pipeline (all groups)"),
+    ("agents.gateway", "GatewaySettings", "gateway group"),
+    ("agents.sink", "SinkConfig", "sink group"),
+    ("agents.anomaly", "AnomalySettings", "anomaly group"),
+    ("app.lag", "LagSettings", "lag monitor (ops group)"),
+)
 
 
-def config_table() -> str:
-    """Markdown table of every ``AVCC_*`` variable with its default and description."""
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
-        shown = "" if default is None else f"`{default}`"
-        lines.append(f"| `AVCC_{name.upper()}` | {shown} | {field.description} |")
+def _table(cls: type[BaseSettings], heading: str) -> str:
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    lines = [f"#### {heading}", "", "| variable | default | meaning |", "|---|---|---|"]
+    for name, field in cls.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "" if default is None else f"`{default}`".replace("|", "\\|")
+        description = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{prefix}{name.upper()}` | {shown} | {description} |")
     return "\n".join(lines)
 
 
+def config_tables() -> str:
+    """Markdown tables of every ``AVCC_*`` variable with its default and meaning."""
+    parts = []
+    for module, name, heading in SETTINGS_CLASSES:
+        cls = getattr(importlib.import_module(module), name)
+        parts.append(_table(cls, heading))
+    return "\n\n".join(parts) + "\n"
+
+
 if __name__ == "__main__":
-    print(config_table())
+    sys.stdout.write(config_tables())
