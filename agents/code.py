@@ -55,8 +55,6 @@ __all__ = ["app"]
 app = get_app("code")
 settings = get_settings()
 runtime = GroupRuntime("code", "code-svc", app)
-#: The claims agent answers faust ``ask``: the worker creates its reply topic at start.
-app.avcc_uses_replies = True
 install_common_views(app, "code")
 
 #: Namespace of the code group's name-based (deterministic) event ids.

@@ -59,7 +59,9 @@ from app.metrics import EVENTS_OUT, HTTP_REQUESTS, INGEST_ITEMS
 from app.producers import EventProducer
 from app.settings import Settings, get_settings
 from app.topics import PLAYBACK_EVENT
+from app.web import install_common_views
 from schemas.playback import PlaybackEvent
+from schemas.types import format_money
 from schemas.violations import to_schema_violation
 
 __all__ = [
@@ -100,6 +102,7 @@ class GatewaySettings(BaseSettings):
         "the playback profile's queue.buffering.max.messages (200k).",
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 answer.")
+    topic: str | None = Field(default=None, description="Topic override (bench/tests; default: the plan's).")
 
 
 class BatchError(Exception):
@@ -111,32 +114,55 @@ class BatchError(Exception):
         self.reason = reason
 
 
-def event_id_for(event: PlaybackEvent) -> str:
-    """The envelope ``event_id``: uuid5 of (platform_node, idempotency_id), else a fresh uuid4."""
+def event_id_for(event: PlaybackEvent, entropy: bytes | None = None) -> str:
+    """The envelope ``event_id``: uuid5 of (platform_node, idempotency_id), else a fresh uuid4.
+
+    ``entropy`` (16 random bytes) lets a batch draw its randomness with one ``os.urandom``.
+    """
     if event.idempotency_id is not None:
         return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{event.platform_node}:{event.idempotency_id}"))
-    raw = bytearray(os.urandom(16))
+    raw = bytearray(entropy if entropy is not None else os.urandom(16))
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
     h = raw.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-_PAYLOAD_JSON = PlaybackEvent.__pydantic_serializer__.to_json
+#: The payload fields :func:`envelope_bytes` writes; checked against the contract at import, so
+#: a new field in ``PlaybackEvent`` fails loudly here instead of being dropped silently.
+_PAYLOAD_FIELDS: Final = (
+    "avcc_code",
+    "platform_node",
+    "user_hash",
+    "event_type",
+    "duration_sec",
+    "revenue_cny",
+    "idempotency_id",
+)
+if set(PlaybackEvent.model_fields) != set(_PAYLOAD_FIELDS):  # pragma: no cover - contract guard
+    raise ImportError(
+        f"agents.gateway writes {_PAYLOAD_FIELDS}; PlaybackEvent has {set(PlaybackEvent.model_fields)}"
+    )
 
 
 def envelope_bytes(event: PlaybackEvent, event_id: str, timestamp_ms: int) -> bytes:
     """The envelope ``{"event_id", "timestamp", "source", "payload"}`` as compact JSON bytes.
 
-    Spliced by hand around the payload serialized once by pydantic: the document
-    ``codec.dumps(make_envelope(...))`` writes, minus ``null`` optional fields, ~5x cheaper.
+    The document ``codec.dumps(make_envelope(...))`` writes (minus a ``null`` idempotency id),
+    built from the validated model's attributes: ~4x cheaper than pydantic's serializer.
     """
-    payload: bytes = _PAYLOAD_JSON(event, exclude_none=True)
-    return b'{"event_id":"%s","timestamp":%d,"source":"%s","payload":%s}' % (
-        event_id.encode(),
-        timestamp_ms,
-        SOURCE.encode(),
-        payload,
+    payload: dict[str, Any] = {
+        "avcc_code": event.avcc_code,
+        "platform_node": event.platform_node,
+        "user_hash": event.user_hash,
+        "event_type": event.event_type,
+        "duration_sec": event.duration_sec,
+        "revenue_cny": format_money(event.revenue_cny),
+    }
+    if event.idempotency_id is not None:
+        payload["idempotency_id"] = event.idempotency_id
+    return orjson.dumps(
+        {"event_id": event_id, "timestamp": timestamp_ms, "source": SOURCE, "payload": payload}
     )
 
 
@@ -166,9 +192,7 @@ def parse_items(body: bytes, content_type: str) -> tuple[list[Any], dict[int, st
             raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
         items = decoded
     else:
-        raise BatchError(
-            415, "unsupported_media_type", f"Content-Type must be application/json or {NDJSON}"
-        )
+        raise BatchError(415, "unsupported_media_type", f"Content-Type must be application/json or {NDJSON}")
     if not items:
         raise BatchError(400, "empty_batch", "body: the batch has no items")
     return items, errors
@@ -186,12 +210,12 @@ class PlaybackIngest:
         limits: GatewaySettings | None = None,
         *,
         producer: EventProducer | None = None,
-        topic: str = PLAYBACK_EVENT.name,
+        topic: str | None = None,
         nonces: NonceCache | None = None,
     ) -> None:
         self.settings = settings
         self.limits = limits if limits is not None else GatewaySettings()
-        self.topic = topic
+        self.topic = topic or self.limits.topic or PLAYBACK_EVENT.name
         self.nonces = nonces
         self._producer = producer
 
@@ -229,7 +253,9 @@ class PlaybackIngest:
         except AuthenticationFailed as exc:
             return exc.response()
         try:
-            items, errors = parse_items(body, request.content_type)
+            # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
+            content_type = request.content_type if "Content-Type" in request.headers else ""
+            items, errors = parse_items(body, content_type)
         except BatchError as exc:
             return json_error(exc.status, str(exc), reason=exc.reason)
         if len(items) > limits.max_items:
@@ -256,6 +282,7 @@ class PlaybackIngest:
         accepted = 0
         throttled_from: int | None = None
         validate = PlaybackEvent.model_validate
+        entropy = os.urandom(16 * len(items))
         for index, item in enumerate(items):
             if index in errors:
                 continue
@@ -267,7 +294,7 @@ class PlaybackIngest:
             except ValidationError as exc:
                 errors[index] = str(to_schema_violation(exc))
                 continue
-            event_id = event_id_for(event)
+            event_id = event_id_for(event, entropy[16 * index : 16 * index + 16])
             try:
                 producer.send_nowait(topic, envelope_bytes(event, event_id, timestamp_ms), event_id.encode())
             except BufferError:
@@ -302,8 +329,10 @@ class PlaybackIngest:
 # --- the faust app of the gateway group --------------------------------------------------------
 
 app: faust.App = get_app("gateway")
-# The gateway consumes nothing: keep faust's consumer out of the group (no pointless join).
-app.boot_strategy = app.BootStrategy(app, enable_kafka_consumer=False)
+# The gateway produces with its own confluent producer and consumes nothing: faust's Kafka
+# clients would only join a group and open connections for nothing. The web server still runs.
+app.boot_strategy = app.BootStrategy(app, enable_kafka=False)
+install_common_views(app, "gateway", export_lag=False)
 
 _ingest: PlaybackIngest | None = None
 

@@ -148,9 +148,7 @@ def _check_topic(
     wrong = {k: v for k, v in spec.broker_config().items() if config.get(k) != v}
     if wrong:
         if fix_config:
-            resource = ConfigResource(
-                ConfigResource.Type.TOPIC, spec.name, set_config=spec.broker_config()
-            )
+            resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name, set_config=spec.broker_config())
             for future in admin.alter_configs([resource]).values():
                 future.result(timeout=_TIMEOUT_S)
         for key, planned in wrong.items():

@@ -122,9 +122,7 @@ class PayloadTooLarge(AvccError):
 # --- JSON responses ---------------------------------------------------------------------------
 
 
-def json_response(
-    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> web.Response:
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     """A JSON (orjson) response; usable as the return value of any faust/aiohttp view."""
     return web.Response(
         body=orjson.dumps(data),

@@ -129,7 +129,7 @@ class DriverBackend:
         send_receive_timeout: float = 60.0,
         secure: bool = False,
     ) -> None:
-        from clickhouse_driver import Client  # type: ignore[import-untyped]
+        from clickhouse_driver import Client
 
         self.database = quote_identifier(database)
         self.description = f"clickhouse://{host}:{port}/{database}"
@@ -211,9 +211,9 @@ class DriverBackend:
     ) -> None:
         names = ", ".join(quote_identifier(name) for name in column_names)
         sql = f"INSERT INTO {quote_identifier(table)} ({names}) VALUES"
-        # clickhouse-driver converts the lists in place (Decimal -> scaled int...): give it copies
-        # so that a retry of the same batch sends the original values again.
-        data = [list(column) for column in columns]
+        # clickhouse-driver slices every column into insert blocks (copies) before converting
+        # values in place, so the caller's lists are left untouched.
+        data = columns
         with self._lock:
 
             def insert() -> None:
@@ -247,15 +247,21 @@ class ChdbBackend:
     """
 
     def __init__(self, path: Path) -> None:
-        from chdb import session  # type: ignore[import-untyped]
+        from chdb import session
 
         self.path = path
         self.description = f"chdb://{path}"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         try:
-            self._session: Any = session.Session(str(path))
+            open_session: Any = session.Session  # untyped in chdb
+            self._session: Any = open_session(str(path))
         except Exception as exc:  # chDB raises plain RuntimeError for a locked/unusable path
+            if "already initialized" in str(exc):
+                raise ConfigurationError(
+                    f"chDB at {path}: this process already has another chDB path open "
+                    f"(chDB serves one data path per process): {exc}"
+                ) from exc
             raise DependencyUnavailable(f"chDB at {path} cannot be opened: {exc}") from exc
         # Exact types in JSONCompact: 64-bit integers as numbers, decimals as strings.
         self._run("SET output_format_json_quote_64bit_integers = 0", None)

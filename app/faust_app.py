@@ -54,18 +54,27 @@ def _credentials(settings: Settings) -> Any:
 TANSU_CLUSTER_ID = "tansu_cluster"
 
 
+_TANSU_LIKE: dict[str, bool] = {}
+
+
 def needs_single_record_batches(settings: Settings) -> bool:
     """Whether the broker is Tansu-like: a high watermark that counts only the first record of
-    the last batch, and fetches answered only when their wait expires (see the setting's doc)."""
+    the last batch, and fetches answered only when their wait expires (see the setting's doc).
+
+    Probed once per bootstrap address; an unreachable broker gets the careful answer (True).
+    """
     if settings.kafka_single_record_batches is not None:
         return settings.kafka_single_record_batches
-    from confluent_kafka.admin import AdminClient
+    bootstrap = settings.kafka_bootstrap
+    if bootstrap not in _TANSU_LIKE:
+        from confluent_kafka.admin import AdminClient
 
-    try:
-        metadata = AdminClient({**settings.kafka_client_config(), "log_level": 0}).list_topics(timeout=10)
-    except Exception:  # broker not up yet: assume the careful setting
-        return True
-    return str(metadata.cluster_id) == TANSU_CLUSTER_ID
+        try:
+            admin = AdminClient({**settings.kafka_client_config(), "log_level": 0})
+            _TANSU_LIKE[bootstrap] = str(admin.list_topics(timeout=3).cluster_id) == TANSU_CLUSTER_ID
+        except Exception:  # the broker is not reachable yet: assume the careful setting
+            _TANSU_LIKE[bootstrap] = True
+    return _TANSU_LIKE[bootstrap]
 
 
 @cache
@@ -100,9 +109,8 @@ def get_app(group: str) -> faust.App:
         reply_create_topic=True,
         producer_max_batch_size=1 if tansu_like else 16384,
     )
-    app.avcc_fetch_max_wait_ms = (
-        transport.FETCH_MAX_WAIT_MS
-        if tansu_like
-        else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS
+    transport.set_fetch_max_wait_ms(
+        str(app.conf.id),
+        transport.FETCH_MAX_WAIT_MS if tansu_like else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS,
     )
     return app

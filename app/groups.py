@@ -15,10 +15,12 @@ class GroupSpec:
     module: str
     port_offset: int
     source: str
+    #: Its agents answer faust ``ask`` requests, so each worker needs a reply topic.
+    uses_replies: bool = False
 
 
 GROUPS: tuple[GroupSpec, ...] = (
-    GroupSpec("code", "agents.code", 1, "code-svc"),
+    GroupSpec("code", "agents.code", 1, "code-svc", uses_replies=True),
     GroupSpec("review", "agents.review", 2, "review-svc"),
     GroupSpec("chain", "agents.chain", 3, "chain-svc"),
     GroupSpec("settlement", "agents.settlement", 4, "settlement-svc"),

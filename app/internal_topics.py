@@ -50,8 +50,8 @@ def reply_specs(groups: Iterable[GroupSpec]) -> list[TopicSpec]:
     """
     specs: list[TopicSpec] = []
     for group in groups:
-        app = group_app(group)
-        if getattr(app, "avcc_uses_replies", False):
+        if group.uses_replies:
+            app = group_app(group)
             specs.append(
                 TopicSpec(
                     name=str(app.conf.reply_to),

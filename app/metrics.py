@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = [
+    "ANOMALIES",
     "CH_BATCH_ROWS",
     "CH_INSERT_FAILURES",
     "CH_INSERT_SECONDS",
@@ -15,23 +16,18 @@ __all__ = [
     "EVENTS_OUT",
     "EVENT_AGE",
     "HTTP_REQUESTS",
+    "INGEST_ITEMS",
     "LAG_ALERTS",
     "PROCESSING_SECONDS",
     "REGISTRY",
     "RETRIES",
     "RETRY_TOPIC_MESSAGES",
-    "ANOMALIES",
-    "INGEST_ITEMS",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-EVENTS_IN = Counter(
-    "avcc_events_consumed_total", "Events consumed", ["group", "topic"], registry=REGISTRY
-)
-EVENTS_OUT = Counter(
-    "avcc_events_produced_total", "Events produced", ["group", "topic"], registry=REGISTRY
-)
+EVENTS_IN = Counter("avcc_events_consumed_total", "Events consumed", ["group", "topic"], registry=REGISTRY)
+EVENTS_OUT = Counter("avcc_events_produced_total", "Events produced", ["group", "topic"], registry=REGISTRY)
 PROCESSING_SECONDS = Histogram(
     "avcc_event_processing_seconds",
     "Time to process one event (or one batch on the playback path)",
@@ -47,23 +43,33 @@ EVENT_AGE = Histogram(
     registry=REGISTRY,
 )
 DEDUP_HITS = Counter(
-    "avcc_dedup_hits_total", "Duplicate deliveries skipped by event_id", ["group", "topic"],
+    "avcc_dedup_hits_total",
+    "Duplicate deliveries skipped by event_id",
+    ["group", "topic"],
     registry=REGISTRY,
 )
 RETRIES = Counter(
-    "avcc_retries_total", "In-process retries after retriable failures", ["group", "topic"],
+    "avcc_retries_total",
+    "In-process retries after retriable failures",
+    ["group", "topic"],
     registry=REGISTRY,
 )
 RETRY_TOPIC_MESSAGES = Counter(
-    "avcc_retry_topic_messages_total", "Messages forwarded to the retry topic",
-    ["group", "topic", "reason"], registry=REGISTRY,
+    "avcc_retry_topic_messages_total",
+    "Messages forwarded to the retry topic",
+    ["group", "topic", "reason"],
+    registry=REGISTRY,
 )
 DLQ_MESSAGES = Counter(
-    "avcc_dlq_messages_total", "Messages dead-lettered", ["group", "topic", "error_class"],
+    "avcc_dlq_messages_total",
+    "Messages dead-lettered",
+    ["group", "topic", "error_class"],
     registry=REGISTRY,
 )
 CH_BATCH_ROWS = Histogram(
-    "avcc_clickhouse_batch_rows", "Rows per ClickHouse insert", ["table"],
+    "avcc_clickhouse_batch_rows",
+    "Rows per ClickHouse insert",
+    ["table"],
     buckets=(1, 10, 100, 1000, 5000, 10000, 25000, 50000, 100000),
     registry=REGISTRY,
 )
@@ -71,25 +77,33 @@ CH_INSERT_SECONDS = Histogram(
     "avcc_clickhouse_insert_seconds", "ClickHouse insert latency", ["table"], registry=REGISTRY
 )
 CH_INSERT_FAILURES = Counter(
-    "avcc_clickhouse_insert_failures_total", "Failed ClickHouse inserts", ["table"],
+    "avcc_clickhouse_insert_failures_total",
+    "Failed ClickHouse inserts",
+    ["table"],
     registry=REGISTRY,
 )
 HTTP_REQUESTS = Counter(
     "avcc_http_requests_total", "HTTP requests", ["route", "method", "status"], registry=REGISTRY
 )
 INGEST_ITEMS = Counter(
-    "avcc_ingest_items_total", "Playback items received by the gateway", ["outcome"],
+    "avcc_ingest_items_total",
+    "Playback items received by the gateway",
+    ["outcome"],
     registry=REGISTRY,
 )
 ANOMALIES = Counter(
     "avcc_anomalies_total", "Anomalies detected on the playback stream", ["rule"], registry=REGISTRY
 )
 CONSUMER_LAG = Gauge(
-    "avcc_consumer_lag_messages", "Consumer lag (end offset - committed offset)",
-    ["group", "topic", "partition"], registry=REGISTRY,
+    "avcc_consumer_lag_messages",
+    "Consumer lag (end offset - committed offset)",
+    ["group", "topic", "partition"],
+    registry=REGISTRY,
 )
 LAG_ALERTS = Gauge(
-    "avcc_lag_alert_active", "1 while a lag rule fires", ["rule", "group", "topic"],
+    "avcc_lag_alert_active",
+    "1 while a lag rule fires",
+    ["rule", "group", "topic"],
     registry=REGISTRY,
 )
 
@@ -109,11 +123,13 @@ ANOMALY_SKIPPED_EVENTS = Counter(
     registry=REGISTRY,
 )
 ANOMALY_WATERMARK = Gauge(
-    "avcc_anomaly_watermark_ms", "Event-time watermark of the anomaly detector (epoch ms)",
+    "avcc_anomaly_watermark_ms",
+    "Event-time watermark of the anomaly detector (epoch ms)",
     registry=REGISTRY,
 )
 ANOMALY_OPEN_WINDOWS = Gauge(
-    "avcc_anomaly_open_windows", "Open (not yet evaluated) windows over all owned partitions",
+    "avcc_anomaly_open_windows",
+    "Open (not yet evaluated) windows over all owned partitions",
     registry=REGISTRY,
 )
 ANOMALY_CHECKPOINT_SECONDS = Histogram(
@@ -128,4 +144,117 @@ __all__ += [
     "ANOMALY_SKIPPED_EVENTS",
     "ANOMALY_WATERMARK",
     "AUTH_FAILURES",
+]
+
+# --- retry consumer, DLQ index and alerts (agents/retry.py, app/dlq.py, app/alerts.py) ---
+RETRY_REDELIVERED = Counter(
+    "avcc_retry_redelivered_total",
+    "Retry-topic messages re-produced to their original topic",
+    ["target_group", "topic"],
+    registry=REGISTRY,
+)
+RETRY_REDELIVERY_LATENESS = Histogram(
+    "avcc_retry_redelivery_lateness_seconds",
+    "Redelivery time minus the message's not-before time",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+RETRY_WAITING_PARTITIONS = Gauge(
+    "avcc_retry_waiting_partitions",
+    "Retry-topic partitions paused until their head message is due",
+    registry=REGISTRY,
+)
+DLQ_INDEXED = Counter(
+    "avcc_dlq_indexed_total",
+    "Dead letters indexed by the ops DLQ store (new arrivals)",
+    ["group", "topic", "error_class"],
+    registry=REGISTRY,
+)
+DLQ_STORED = Gauge(
+    "avcc_dlq_stored_messages",
+    "Dead letters in the DLQ store by status",
+    ["status"],
+    registry=REGISTRY,
+)
+DLQ_ACTIONS = Counter(
+    "avcc_dlq_actions_total",
+    "Operator actions on dead letters",
+    ["action", "outcome"],
+    registry=REGISTRY,
+)
+ALERTS_SENT = Counter(
+    "avcc_alerts_sent_total",
+    "Alerts sent to the alert sinks",
+    ["alertname"],
+    registry=REGISTRY,
+)
+ALERTS_SUPPRESSED = Counter(
+    "avcc_alerts_suppressed_total",
+    "Alerts merged into an earlier one within the dedup window",
+    ["alertname"],
+    registry=REGISTRY,
+)
+
+__all__ += [
+    "ALERTS_SENT",
+    "ALERTS_SUPPRESSED",
+    "DLQ_ACTIONS",
+    "DLQ_INDEXED",
+    "DLQ_STORED",
+    "RETRY_REDELIVERED",
+    "RETRY_REDELIVERY_LATENESS",
+    "RETRY_WAITING_PARTITIONS",
+]
+
+# --- lag monitor (app/lag.py) ---------------------------------------------------------------
+LAG_STATUS = Gauge(
+    "avcc_consumer_lag_status",
+    "Burrow-style status of a group on a topic: 0 OK, 1 WARN, 2 STALL, 3 STOP, 4 ERR",
+    ["group", "topic"],
+    registry=REGISTRY,
+)
+LAG_MONITOR_ERRORS = Counter(
+    "avcc_lag_monitor_errors_total",
+    "Failures of the lag monitor (snapshot, group offsets, webhook)",
+    ["stage"],
+    registry=REGISTRY,
+)
+__all__ += ["LAG_MONITOR_ERRORS", "LAG_STATUS"]
+# --- clickhouse-sink (agents/sink.py) ---
+SINK_ROWS_WRITTEN = Counter(
+    "avcc_sink_rows_written_total",
+    "Rows inserted by the sink (after dropping in-batch duplicate event ids)",
+    ["table"],
+    registry=REGISTRY,
+)
+SINK_PAUSED = Gauge(
+    "avcc_sink_paused",
+    "1 while the sink holds a batch it cannot store and has paused its partitions",
+    ["group"],
+    registry=REGISTRY,
+)
+SINK_PENDING_MESSAGES = Gauge(
+    "avcc_sink_pending_messages",
+    "Messages consumed but not yet stored and committed (the in-memory batch)",
+    ["group"],
+    registry=REGISTRY,
+)
+SINK_DROPPED_ON_REVOKE = Counter(
+    "avcc_sink_uncommitted_dropped_total",
+    "Uncommitted messages dropped on a rebalance (redelivered to the new owner)",
+    ["group"],
+    registry=REGISTRY,
+)
+SINK_COMMIT_FAILURES = Counter(
+    "avcc_sink_commit_failures_total",
+    "Offset commits that failed after a stored batch (the batch is redelivered and deduplicated)",
+    ["group"],
+    registry=REGISTRY,
+)
+__all__ += [
+    "SINK_COMMIT_FAILURES",
+    "SINK_DROPPED_ON_REVOKE",
+    "SINK_PAUSED",
+    "SINK_PENDING_MESSAGES",
+    "SINK_ROWS_WRITTEN",
 ]

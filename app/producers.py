@@ -214,6 +214,7 @@ class EventProducer:
             log.error("%d %s messages undelivered at close", remaining, self.profile)
         self._running = False
         self._poller.join(timeout=5)
+        del self._producer  # releases librdkafka's connections now, not at garbage collection
 
 
 def _settle(future: asyncio.Future[Delivery], delivery: Delivery) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -150,15 +151,22 @@ class GroupRuntime:
         self.settings = get_settings()
         self.policy = RetryPolicy.from_settings(self.settings)
         self._producer: EventProducer | None = None
+        self._producer_lock = threading.Lock()
+        app.task(self._start_producer)
+
+    async def _start_producer(self) -> None:
+        """Create and verify the producer at worker start, off the event loop (it blocks)."""
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self.producer)
 
     @property
     def producer(self) -> EventProducer:
-        """The core-profile producer (created and verified on first use)."""
-        if self._producer is None:
-            producer = EventProducer(self.settings, "core", client_id=f"avcc-{self.group}")
-            producer.verify_profile()
-            self._producer = producer
-        return self._producer
+        """The core-profile producer (created and verified once; see :meth:`_start_producer`)."""
+        with self._producer_lock:
+            if self._producer is None:
+                producer = EventProducer(self.settings, "core", client_id=f"avcc-{self.group}")
+                producer.verify_profile()
+                self._producer = producer
+            return self._producer
 
     def close(self) -> None:
         """Flush and close the producer."""
@@ -328,6 +336,7 @@ class GroupRuntime:
             not_before_ms=not_before,
             stacktrace=_stack(exc) if exc else None,
             event_id=str(envelope.event_id) if envelope is not None else None,
+            reinjected_count=int(header_value(message.headers, "avcc-reinjected-count") or b"0"),
         )
 
     async def _to_retry_topic(
@@ -342,7 +351,8 @@ class GroupRuntime:
         envelope: Envelope[Any] | None = None,
     ) -> None:
         rounds = int(header_value(message.headers, HEADER_RETRY_ROUND) or b"0")
-        not_before = 0 if parked else now_ms() + int(self.policy.topic_delay_s * 1000)
+        # a parked message is due at once: it still waits behind the failed one in its partition
+        not_before = now_ms() if parked else now_ms() + int(self.policy.topic_delay_s * 1000)
         meta = self._metadata(message, topic, exc, attempt, first_failure, envelope, not_before)
         headers: Headers = [
             *_plain_headers(message.headers),

@@ -22,7 +22,6 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
@@ -52,11 +51,17 @@ def broker_round_trip(bootstrap: str, samples: int = 200) -> list[float]:
     """Produce (acks=all, idempotent) -> consume latency of single messages, in ms."""
     topic = f"bench-rtt-{uuid.uuid4().hex[:8]}"
     AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, 1, 1)])[topic].result()
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0})
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": topic, "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 10,
-    })
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0}
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": topic,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10,
+        }
+    )
     consumer.subscribe([topic])
     while not consumer.assignment():
         consumer.poll(0.1)
@@ -84,15 +89,21 @@ async def run_applications(base: str, count: int, rate: float) -> list[float]:
     async with aiohttp.ClientSession() as session:
 
         async def apply_one() -> None:
-            body = orjson.dumps({
-                "request_id": f"req_{uuid.uuid4().hex[:16]}",
-                "content_url": "s3://aigc-hub-storage/works/raw/bench.mp4",
-                "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
-                "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
-                "priority": 9, "title": "bench work", "applicant_id": "bench",
-            })
+            body = orjson.dumps(
+                {
+                    "request_id": f"req_{uuid.uuid4().hex[:16]}",
+                    "content_url": "s3://aigc-hub-storage/works/raw/bench.mp4",
+                    "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+                    "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+                    "priority": 9,
+                    "title": "bench work",
+                    "applicant_id": "bench",
+                }
+            )
             started_ms = time.time() * 1000
-            async with session.post(base + path, data=body, headers=sign_request("POST", path, body, KEY, SECRET)) as r:
+            async with session.post(
+                base + path, data=body, headers=sign_request("POST", path, body, KEY, SECRET)
+            ) as r:
                 answer = await r.json()
                 if r.status != 202:
                     raise RuntimeError(f"apply failed: {r.status} {answer}")
@@ -125,7 +136,9 @@ async def run_applications(base: str, count: int, rate: float) -> list[float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--applications", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=50.0, help="applications per second")
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded Tansu")
@@ -145,17 +158,24 @@ def main() -> int:
         apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("AVCC_")},
-            "AVCC_KAFKA_URL": f"kafka://{bootstrap}", "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
-            "AVCC_BLOCK_INTERVAL_MS": "100", "AVCC_LOG_LEVEL": "WARNING",
+            "AVCC_KAFKA_URL": f"kafka://{bootstrap}",
+            "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
+            "AVCC_BLOCK_INTERVAL_MS": "100",
+            "AVCC_LOG_LEVEL": "WARNING",
             "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
         }
         ports = {}
         for group in GROUPS:
             port = ports[group] = free_port()
             worker = ManagedProcess(
-                group, [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)],
-                log_path=work / f"{group}.log", cwd=ROOT, env={**env, "AVCC_DATA_DIR": str(work / group)},
-                ready=lambda p=port: _ready(p), ready_timeout=120, die_with_parent=True,
+                group,
+                [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)],
+                log_path=work / f"{group}.log",
+                cwd=ROOT,
+                env={**env, "AVCC_DATA_DIR": str(work / group)},
+                ready=lambda p=port: _ready(p),
+                ready_timeout=120,
+                die_with_parent=True,
             )
             worker.start(wait=False)
             workers.append(worker)
@@ -164,20 +184,31 @@ def main() -> int:
 
         rtt = broker_round_trip(bootstrap)
         asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", 20, 20))  # warm-up
-        latencies = asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate))
+        latencies = asyncio.run(
+            run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate)
+        )
         figures = [
             ("broker_round_trip", rtt),
             ("apply_to_code_issued_o_level", latencies),
         ]
         print(f"\n{'figure':34} {'n':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
         for name, values in figures:
-            print(f"{name:34} {len(values):>6} {percentile(values, 50):>9.1f} {percentile(values, 99):>9.1f} "
-                  f"{statistics.fmean(values):>9.1f}")
+            print(
+                f"{name:34} {len(values):>6} {percentile(values, 50):>9.1f} {percentile(values, 99):>9.1f} "
+                f"{statistics.fmean(values):>9.1f}"
+            )
         for name, values in figures:
-            print(json.dumps({
-                "name": name, "n": len(values), "p50_ms": round(percentile(values, 50), 2),
-                "p99_ms": round(percentile(values, 99), 2), "block_interval_ms": 100,
-            }))
+            print(
+                json.dumps(
+                    {
+                        "name": name,
+                        "n": len(values),
+                        "p50_ms": round(percentile(values, 50), 2),
+                        "p99_ms": round(percentile(values, 99), 2),
+                        "block_interval_ms": 100,
+                    }
+                )
+            )
         return 0
     finally:
         for worker in workers:

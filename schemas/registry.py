@@ -13,9 +13,9 @@ from app.errors import SchemaViolation
 from schemas import codec
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed, ChainTxPending
+from schemas.decision import HumanDecision
 from schemas.envelope import Envelope, envelope_class
 from schemas.playback import PlaybackEvent
-from schemas.decision import HumanDecision
 from schemas.review import ReviewTaskFinished
 from schemas.system import AnomalyDetected
 from schemas.violations import to_schema_violation

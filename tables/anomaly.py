@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rocksdict import Rdict
 
@@ -49,6 +49,14 @@ SNAPSHOT_VERSION: Final = 1
 #: Snapshots can be big (open windows of a busy partition): allow 16 MiB records on the topic.
 SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024
 _TIMEOUT_S: Final = 30.0
+_NO_LEADER: Final = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
 
 
 @dataclass(slots=True)
@@ -201,7 +209,7 @@ def read_changelog(
     try:
         assignment: list[TopicPartition] = []
         for partition in wanted:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10.0)
+            low, high = _watermarks(consumer, TopicPartition(topic, partition))
             if high > low:
                 assignment.append(TopicPartition(topic, partition, max(low, high - 1)))
         if not assignment:
@@ -228,3 +236,18 @@ def read_changelog(
     finally:
         consumer.close()
     return latest
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, attempts: int = 20) -> tuple[int, int]:
+    """Low/high offsets of ``tp``, retrying the transient errors of a fresh topic (no leader yet)."""
+    for attempt in range(attempts):
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10.0)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and (error.retriable() or error.code() in _NO_LEADER)
+            if not retriable or attempt == attempts - 1:
+                raise DependencyUnavailable(f"offsets of {tp.topic}[{tp.partition}]: {exc}") from exc
+            time.sleep(0.5)
+    raise AssertionError("unreachable")

@@ -7,10 +7,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
+from app.admin import apply_plan
+from app.internal_topics import changelog_specs
 from app.servers import (
     ClickHouseServer,
     KafkaKRaftBroker,
@@ -20,6 +22,9 @@ from app.servers import (
     TansuBroker,
     ensure_kafka_libs,
 )
+from app.settings import Settings
+from app.topics import TOPIC_PLAN
+from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,3 +153,23 @@ def _revive_servers() -> Iterator[None]:
     for server in list(_started.values()):
         if not server.running:
             server.start()
+
+
+@pytest.fixture(scope="session", params=["tansu", "kafka"], ids=["tansu", "kafka"])
+def stack_broker(request: pytest.FixtureRequest) -> Any:
+    """A session broker (the same selection rules as the ``broker`` fixture)."""
+    server = request.getfixturevalue(f"{request.param}_broker")
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """code, review, chain and settlement workers on one broker, for the whole session."""
+    root = tmp_path_factory.mktemp("core-stack")
+    settings = Settings(kafka_url=f"kafka://{stack_broker.bootstrap}")
+    apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
+    stack = Stack(stack_broker.bootstrap, root)
+    stack.start(*CORE_GROUPS)
+    yield stack
+    stack.stop_all()

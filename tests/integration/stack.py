@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,9 @@ import orjson
 from app.auth import sign_request
 from app.servers.process import ManagedProcess, free_port
 
-__all__ = ["API_KEY", "API_SECRET", "Stack", "wait_for"]
+__all__ = ["API_KEY", "API_SECRET", "CORE_GROUPS", "Stack", "application", "record_when", "wait_for"]
+
+CORE_GROUPS = ("code", "review", "chain", "settlement")
 
 API_KEY = "test-partner"
 API_SECRET = "test-secret-0123456789"
@@ -54,8 +59,14 @@ class Stack:
             argv = [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)]
             self.ports[key] = port
             self.workers[key] = ManagedProcess(
-                f"{group}-{index}", argv, log_path=self.root / f"{group}-{index}.log", cwd=ROOT,
-                env=env, ready=lambda p=port: _ready(p), ready_timeout=120.0, stop_timeout=30.0,
+                f"{group}-{index}",
+                argv,
+                log_path=self.root / f"{group}-{index}.log",
+                cwd=ROOT,
+                env=env,
+                ready=lambda p=port: _ready(p),
+                ready_timeout=120.0,
+                stop_timeout=30.0,
                 die_with_parent=True,
             )
         return self.workers[key]
@@ -102,9 +113,12 @@ class Stack:
         data = raw if raw is not None else (orjson.dumps(body) if body is not None else b"")
         all_headers = dict(sign_request(method, path, data, API_KEY, API_SECRET)) if signed else {}
         all_headers.update(headers or {})
-        async with aiohttp.ClientSession() as session, session.request(
-            method, self.url(group, index) + path, data=data, headers=all_headers
-        ) as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                method, self.url(group, index) + path, data=data, headers=all_headers
+            ) as response,
+        ):
             text = await response.read()
             try:
                 return response.status, orjson.loads(text)
@@ -127,3 +141,30 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def application(**overrides: Any) -> dict[str, Any]:
+    """A valid application body for a fresh work."""
+    body = {
+        "request_id": f"req_{uuid.uuid4().hex[:12]}",
+        "content_url": "s3://aigc-hub-storage/works/raw/clip.mp4",
+        "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+        "priority": 9,
+        "title": "Sunrise over the river",
+        "applicant_id": "applicant-42",
+    }
+    body.update(overrides)
+    return body
+
+
+async def record_when(stack: Stack, record_id: int, done: Any, wait_s: float = 60.0) -> dict[str, Any]:
+    """Poll ``GET /v1/avcc/records/{id}`` until ``done(record)``."""
+    deadline = time.monotonic() + wait_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        status, last = await stack.call("code", "GET", f"/v1/avcc/records/{record_id}")
+        if status == 200 and done(last):
+            return dict(last)
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"record {record_id} never reached the state; last={last}\n{stack.logs()}")

@@ -2,78 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from app.admin import apply_plan
 from app.avcc_code import verify_check_char
-from app.internal_topics import changelog_specs
 from app.ledger import verify_ledger
-from app.settings import Settings
 from app.topics import (
     APPLY_CREATED,
     CHAIN_TX_CONFIRMED,
     CHAIN_TX_PENDING,
     REVIEW_TASK_FINISHED,
-    TOPIC_PLAN,
 )
-from tests.integration.stack import Stack, wait_for
-
-CORE_GROUPS = ("code", "review", "chain", "settlement")
-
-
-@pytest.fixture(scope="session", params=["tansu", "kafka"], ids=["tansu", "kafka"])
-def stack_broker(request: pytest.FixtureRequest) -> Any:
-    """A session broker (the same selection rules as the ``broker`` fixture)."""
-    server = request.getfixturevalue(f"{request.param}_broker")
-    server.start()
-    return server
-
-
-@pytest.fixture(scope="session")
-def core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """code, review, chain and settlement workers on one broker, for the whole session."""
-    root = tmp_path_factory.mktemp("core-stack")
-    settings = Settings(kafka_url=f"kafka://{stack_broker.bootstrap}")
-    apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
-    stack = Stack(stack_broker.bootstrap, root)
-    stack.start(*CORE_GROUPS)
-    yield stack
-    stack.stop_all()
-
-
-def application(**overrides: Any) -> dict[str, Any]:
-    """A valid application body for a fresh work."""
-    body = {
-        "request_id": f"req_{uuid.uuid4().hex[:12]}",
-        "content_url": "s3://aigc-hub-storage/works/raw/clip.mp4",
-        "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
-        "priority": 9,
-        "title": "Sunrise over the river",
-        "applicant_id": "applicant-42",
-    }
-    body.update(overrides)
-    return body
-
-
-async def record_when(stack: Stack, record_id: int, done: Any, timeout: float = 60.0) -> dict[str, Any]:
-    """Poll ``GET /v1/avcc/records/{id}`` until ``done(record)``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        status, last = await stack.call("code", "GET", f"/v1/avcc/records/{record_id}")
-        if status == 200 and done(last):
-            return dict(last)
-        time.sleep(0.2)
-    raise AssertionError(f"record {record_id} never reached the state; last={last}\n{stack.logs()}")
+from tests.integration.stack import Stack, application, record_when
 
 
 async def test_signed_application_gets_code_with_full_history(core_stack: Stack) -> None:
@@ -153,10 +100,14 @@ async def test_need_human_waits_for_reviewer_then_completes_or_rejects(core_stac
 def _read_all(bootstrap: str, topics: list[str]) -> list[Any]:
     """Every message now readable on ``topics`` (read until 3 s without new data: Tansu's
     reported end offsets lag, so they cannot be the stop condition)."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     messages: list[Any] = []
     try:
         for topic in topics:
@@ -208,7 +159,7 @@ async def test_replaying_every_core_topic_changes_nothing(core_stack: Stack) -> 
     # consumed past the duplicates (each partition is processed in order).
     status, marker = await core_stack.call("code", "POST", "/v1/avcc/applications", application())
     await record_when(core_stack, marker["avcc_record_id"], lambda r: r.get("avcc_code"))
-    time.sleep(2)
+    await asyncio.sleep(2)
 
     after = [await record_when(core_stack, i, lambda r: r.get("avcc_code")) for i in ids]
     for old, new in zip(before, after, strict=True):
@@ -232,7 +183,9 @@ async def test_replaying_every_core_topic_changes_nothing(core_stack: Stack) -> 
     ],
     ids=["bad-signature", "unknown-key", "missing-nonce"],
 )
-async def test_bad_signatures_get_401_and_produce_nothing(core_stack: Stack, mutate: Any, reason: str) -> None:
+async def test_bad_signatures_get_401_and_produce_nothing(
+    core_stack: Stack, mutate: Any, reason: str
+) -> None:
     from app.auth import sign_request
     from tests.integration.stack import API_KEY, API_SECRET
 
@@ -257,14 +210,25 @@ async def test_replayed_nonce_and_skewed_timestamp_get_401(core_stack: Stack) ->
     body = application()
     raw = orjson.dumps(body)
     headers = sign_request("POST", "/v1/avcc/applications", raw, API_KEY, API_SECRET)
-    ok = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers)
+    ok = await core_stack.call(
+        "code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers
+    )
     assert ok[0] == 202
-    replay = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers)
+    replay = await core_stack.call(
+        "code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=headers
+    )
     assert replay[0] == 401 and replay[1]["reason"] == "replayed_nonce"
     skewed = sign_request(
-        "POST", "/v1/avcc/applications", raw, API_KEY, API_SECRET, timestamp_ms=int(time.time() * 1000) - 600_000
+        "POST",
+        "/v1/avcc/applications",
+        raw,
+        API_KEY,
+        API_SECRET,
+        timestamp_ms=int(time.time() * 1000) - 600_000,
     )
-    stale = await core_stack.call("code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=skewed)
+    stale = await core_stack.call(
+        "code", "POST", "/v1/avcc/applications", raw=raw, signed=False, headers=skewed
+    )
     assert stale[0] == 401 and stale[1]["reason"] == "stale_timestamp"
 
 
@@ -297,10 +261,14 @@ async def test_malformed_json_and_missing_fields_get_400(core_stack: Stack) -> N
 
 def _application_count(stack: Stack, request_id: str) -> int:
     """apply.created events carrying ``request_id`` (the topic is read to its end)."""
-    consumer = Consumer({
-        "bootstrap.servers": stack.bootstrap, "group.id": f"probe-{uuid.uuid4().hex}",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap,
+            "group.id": f"probe-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     found = 0
     try:
         parts = consumer.list_topics(APPLY_CREATED.name, timeout=10).topics[APPLY_CREATED.name].partitions

@@ -87,7 +87,11 @@ def test_core_profile_gets_an_idempotent_producer_id(broker) -> None:
 def test_playback_profile_is_acks_1_linger_5_64k(broker) -> None:
     producer = EventProducer(Settings(kafka_url=f"kafka://{broker.bootstrap}"), "playback")
     try:
-        assert (producer.config["acks"], producer.config["linger.ms"], producer.config["batch.size"]) == (1, 5, 65536)
+        assert (producer.config["acks"], producer.config["linger.ms"], producer.config["batch.size"]) == (
+            1,
+            5,
+            65536,
+        )
         assert producer.config["enable.idempotence"] is False
     finally:
         producer.close()
@@ -100,7 +104,9 @@ def test_produced_keys_land_on_the_java_murmur2_partition(broker, unique: str) -
     producer = EventProducer(settings, "core")
 
     async def produce_all() -> list[tuple[int, int]]:
-        deliveries = await producer.send_many([(spec, b"v", record_key(i), None) for i in range(10_000, 10_200)])
+        deliveries = await producer.send_many(
+            [(spec, b"v", record_key(i), None) for i in range(10_000, 10_200)]
+        )
         return [(10_000 + n, d.partition) for n, d in enumerate(deliveries)]
 
     try:

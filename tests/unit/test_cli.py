@@ -46,21 +46,37 @@ def envelope(payload: dict[str, Any], source: str = "code-svc") -> dict[str, Any
 
 SEED_EXAMPLES = {
     "topic.avcc.apply.created": {
-        "request_id": "req_20260602_001", "avcc_record_id": 10042,
-        "content_url": "s3://aigc-hub-storage/works/raw/10042.mp4", "content_hash": _h(),
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"}, "priority": 5,
+        "request_id": "req_20260602_001",
+        "avcc_record_id": 10042,
+        "content_url": "s3://aigc-hub-storage/works/raw/10042.mp4",
+        "content_hash": _h(),
+        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+        "priority": 5,
     },
     "topic.review.task.finished": {
-        "request_id": "req_20260602_001", "avcc_record_id": 10042, "review_report_id": 5001,
-        "decision": "approved", "final_level": "G", "overall_score": 78.5, "report_hash": _h(),
+        "request_id": "req_20260602_001",
+        "avcc_record_id": 10042,
+        "review_report_id": 5001,
+        "decision": "approved",
+        "final_level": "G",
+        "overall_score": 78.5,
+        "report_hash": _h(),
     },
     "topic.chain.tx.confirmed": {
-        "avcc_record_id": 10042, "chain_type": "copyright_main", "tx_hash": "0x" + "ab" * 32,
-        "block_height": 123456, "status": "success", "crd_address": "0x7f3e9a" + "0" * 34,
+        "avcc_record_id": 10042,
+        "chain_type": "copyright_main",
+        "tx_hash": "0x" + "ab" * 32,
+        "block_height": 123456,
+        "status": "success",
+        "crd_address": "0x7f3e9a" + "0" * 34,
     },
     "topic.playback.event": {
-        "avcc_code": "MA.156.10005.8361/AV0000000009NA.XXXXXXXXC", "platform_node": "8361",
-        "user_hash": _h(), "event_type": "play", "duration_sec": 1800, "revenue_cny": 0.00,
+        "avcc_code": "MA.156.10005.8361/AV0000000009NA.XXXXXXXXC",
+        "platform_node": "8361",
+        "user_hash": _h(),
+        "event_type": "play",
+        "duration_sec": 1800,
+        "revenue_cny": 0.00,
     },
 }
 
@@ -85,7 +101,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("topic", "change", "field"), BAD, ids=[f for _, _, f in BAD])
-def test_validate_rejects_with_exit_1_naming_the_field(topic: str, change: dict[str, Any], field: str) -> None:
+def test_validate_rejects_with_exit_1_naming_the_field(
+    topic: str, change: dict[str, Any], field: str
+) -> None:
     payload = {**SEED_EXAMPLES[topic], **change}
     result = run("validate", topic, stdin=orjson.dumps(envelope(payload)))
     assert result.exit_code == 1
@@ -100,7 +118,9 @@ def test_validate_rejects_missing_fields_and_malformed_json() -> None:
     assert missing.exit_code == 1 and "payload.content_hash" in missing.stderr
     broken = run("validate", "topic.avcc.apply.created", stdin=b'{"event_id": ')
     assert broken.exit_code == 1 and broken.stderr.strip()
-    no_event_id = {k: v for k, v in envelope(SEED_EXAMPLES["topic.playback.event"]).items() if k != "event_id"}
+    no_event_id = {
+        k: v for k, v in envelope(SEED_EXAMPLES["topic.playback.event"]).items() if k != "event_id"
+    }
     result = run("validate", "topic.playback.event", stdin=orjson.dumps(no_event_id))
     assert result.exit_code == 1 and "event_id" in result.stderr
 

@@ -280,7 +280,8 @@ def test_unknown_topic() -> None:
 
 
 def test_registry_covers_payload_topics_only() -> None:
-    assert set(PAYLOAD_MODELS) == {APPLY, REVIEW, PENDING, CONFIRMED, PLAYBACK, ANOMALY}
+    internal = {topics.CODE_REVIEW_FINISHED.name, topics.REVIEW_DECISIONS.name}
+    assert set(PAYLOAD_MODELS) == {APPLY, REVIEW, PENDING, CONFIRMED, PLAYBACK, ANOMALY, *internal}
     assert topics.DLQ.name not in PAYLOAD_MODELS
     assert topics.RETRY.name not in PAYLOAD_MODELS
     assert payload_model(ANOMALY) is AnomalyDetected

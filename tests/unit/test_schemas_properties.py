@@ -214,6 +214,18 @@ def anomaly_payloads(draw: st.DrawFn) -> dict[str, Any]:
     )
 
 
+human_decisions = st.fixed_dictionaries(
+    {
+        "decision": st.sampled_from(["approve", "reject"]),
+        "final_level": st.sampled_from(["P", "G", "O"]),
+        "reviewer": identifiers,
+        "reason": st.text(min_size=1, max_size=80),
+        "avcc_record_id": record_ids,
+        "decision_id": identifiers,
+    }
+)
+
+
 PAYLOADS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     topics.APPLY_CREATED.name: apply_payloads,
     topics.REVIEW_TASK_FINISHED.name: review_payloads,
@@ -221,6 +233,8 @@ PAYLOADS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     topics.CHAIN_TX_CONFIRMED.name: confirmed_payloads(),
     topics.PLAYBACK_EVENT.name: playback_payloads,
     topics.ANOMALY.name: anomaly_payloads(),
+    topics.CODE_REVIEW_FINISHED.name: review_payloads,
+    topics.REVIEW_DECISIONS.name: human_decisions,
 }
 
 

@@ -1,0 +1,85 @@
+"""Ops group: the consumer-lag monitor and the operator console (``/lag``; the DLQ console joins here).
+
+Run with ``avcc worker ops`` (web port ``AVCC_WEB_PORT``, 6066 by default: the local stack's
+console base URL). Every ``AVCC_LAG_INTERVAL_S`` seconds the monitor snapshots every consumer
+group's offsets, evaluates the seed's lag rules (9.3.4), exports ``avcc_consumer_lag_messages``,
+``avcc_consumer_lag_status`` and ``avcc_lag_alert_active``, and sends alert lifecycle events to
+the log and the Alertmanager webhook.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+from mode import Service
+
+from app.console import install_console
+from app.faust_app import get_app
+from app.lag import LagMonitor, LagSettings, print_lag_table, render_lag_html
+from app.settings import get_settings
+from app.web import install_common_views
+
+__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor", "print_lag_table"]
+
+log = logging.getLogger(__name__)
+
+app = get_app("ops")
+#: Lag monitor settings (``AVCC_LAG_*``), read once at import.
+LAG_CONFIG = LagSettings()
+# The monitor exports every group's lag itself, so no per-worker export here.
+common = install_common_views(app, "ops", export_lag=False, lag_config=LAG_CONFIG)
+
+_monitor: list[LagMonitor] = []
+
+
+def lag_monitor() -> LagMonitor:
+    """The process's lag monitor (created on first use)."""
+    if not _monitor:
+        _monitor.append(LagMonitor(get_settings(), LAG_CONFIG))
+    return _monitor[0]
+
+
+@app.service
+class LagMonitorService(Service):
+    """Runs :meth:`LagMonitor.tick` every ``AVCC_LAG_INTERVAL_S`` seconds."""
+
+    @Service.task
+    async def _run(self) -> None:
+        monitor = lag_monitor()
+        while not self.should_stop:
+            try:
+                await monitor.tick()
+            except Exception:  # the monitor must outlive any single failed round
+                log.exception("lag monitor round failed")
+            await self.sleep(LAG_CONFIG.interval_s)
+
+    async def on_stop(self) -> None:
+        if _monitor:
+            await _monitor.pop().close()
+
+
+# ----------------------------------------------------------------------------- lag console
+
+
+@app.page("/lag", name="avcc_ops_lag")
+async def lag_page(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+    """HTML table: group, topic, partition, end, committed, lag, status (coloured); auto-refreshes."""
+    report = _monitor[0].last_report if _monitor else None
+    return self.html(render_lag_html(report, refresh_s=LAG_CONFIG.interval_s))
+
+
+@app.page("/lag.json", name="avcc_ops_lag_json")
+async def lag_json(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+    """The latest report as JSON (``taken_at`` is null before the first snapshot)."""
+    report = _monitor[0].last_report if _monitor else None
+    if report is None:
+        return self.json({"taken_at": None, "groups": [], "alerts": [], "errors": {}})
+    return self.json(report.as_json())
+
+
+# ----------------------------------------------------------------------------- DLQ console
+# The DLQ console (list / show / re-inject / discard, app/dlq.py): a service with its own DLQ
+# consumer and RocksDB store, plus the console's views. It adds no agents or tables, so this
+# App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
+console = install_console(app, get_settings())

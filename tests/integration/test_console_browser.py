@@ -1,0 +1,154 @@
+"""The ops console's lag page in a real headless Chromium: rows, status colours, alert, live refresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _chromium() -> str:
+    path = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+    if path is None:
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+            pytest.fail("chromium is missing on this CI machine", pytrace=False)
+        pytest.skip("chromium not installed")
+    return path
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+async def test_lag_page_shows_partitions_alert_and_recovers_live(
+    kafka_broker: KafkaKRaftBroker, unique: str, tmp_path: Path
+) -> None:
+    playwright_api = pytest.importorskip("playwright.async_api")
+    chromium = _chromium()
+    bootstrap = kafka_broker.bootstrap
+    topic, group = f"lagui.apply.{unique}", f"lagui-review-{unique}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(1500):
+        producer.produce(topic, key=str(i).encode(), value=b"{}")
+    assert producer.flush(30) == 0
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
+    env.update(
+        AVCC_KAFKA_URL=f"kafka://{bootstrap}",
+        AVCC_DATA_DIR=str(tmp_path),
+        AVCC_LAG_INTERVAL_S="1",
+        AVCC_LAG_GROUP_PREFIX=group,
+        AVCC_LAG_RULES=json.dumps(
+            [
+                {
+                    "name": "UiApplyLag",
+                    "topic": topic,
+                    "groups": [group],
+                    "max_lag": 1000,
+                    "action": "scale out",
+                }
+            ]
+        ),
+        PYTHONPATH=str(ROOT),
+    )
+    base = f"http://127.0.0.1:{port}"
+    worker = ManagedProcess(
+        "ops-worker",
+        [str(VENV_BIN / "faust"), "-A", "agents.ops", "worker", "--web-port", str(port), "-l", "info"],
+        log_path=tmp_path / "ops-worker.log",
+        cwd=tmp_path,
+        env=env,
+        ready=lambda: _status(f"{base}/ready") == 200,
+        ready_timeout=60,
+        stop_timeout=30,
+        die_with_parent=True,
+    )
+    worker.start()
+    try:
+        async with playwright_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                rows = page.locator(f"#lag tbody tr:has(td:text-is('{group}'))")
+                deadline = time.monotonic() + 30
+                while await rows.count() != 6:
+                    assert time.monotonic() < deadline, worker.log_tail()
+                    await page.goto(f"{base}/lag")
+                    await page.wait_for_timeout(500)
+                # Nobody consumes: every partition is lag, the group is STOPped, the alert is shown.
+                assert await page.locator("div.alert[data-rule='UiApplyLag']").is_visible()
+                for i in range(6):
+                    assert await rows.nth(i).get_attribute("data-status") == "STOP"
+                badge = rows.first.locator("span.s")
+                colour = await badge.evaluate("el => getComputedStyle(el).backgroundColor")
+                assert colour == "rgb(130, 80, 223)"  # STOP is purple
+                lags = [int(await rows.nth(i).locator("td").nth(5).inner_text()) for i in range(6)]
+                assert sum(lags) == 1500
+
+                consumer = Consumer(
+                    {
+                        "bootstrap.servers": bootstrap,
+                        "group.id": group,
+                        "enable.auto.commit": False,
+                        "auto.offset.reset": "earliest",
+                    }
+                )
+                consumer.subscribe([topic])
+                got, deadline = 0, time.monotonic() + 60
+                while got < 1500 and time.monotonic() < deadline:
+                    got += sum(1 for m in consumer.consume(500, 1.0) if m.error() is None)
+                consumer.commit(asynchronous=False)
+                consumer.close()
+                assert got == 1500
+
+                # The page refreshes itself (meta refresh): the alert goes away, rows turn OK.
+                await page.wait_for_selector(
+                    "div.alert[data-rule='UiApplyLag']", state="detached", timeout=30_000
+                )
+                await page.wait_for_function(
+                    "g => [...document.querySelectorAll('#lag tbody tr')]"
+                    ".filter(r => r.cells[0].textContent === g)"
+                    ".every(r => r.dataset.status === 'OK' && r.cells[5].textContent === '0')",
+                    arg=group,
+                    timeout=30_000,
+                )
+            finally:
+                await browser.close()
+    finally:
+        code = worker.stop()
+        assert code is not None and code >= 0, worker.log_tail()

@@ -1,0 +1,182 @@
+"""Deploy artefacts: rendered from the topic plan and lag rules, current, and valid (promtool, YAML)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from app.groups import GROUPS
+from app.lag import default_rules
+from app.metrics import REGISTRY
+from app.settings import Settings
+from app.topics import APPLY_CREATED, PLAYBACK_EVENT
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(scope="module")
+def render() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("deploy_render", ROOT / "deploy" / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        if _in_ci():
+            pytest.fail("promtool is missing on this CI machine (apt-get install prometheus)", pytrace=False)
+        pytest.skip("promtool not installed")
+    return found
+
+
+def test_rendered_files_are_current(render: ModuleType) -> None:
+    problems = render.check(ROOT)
+    assert problems == [], f"stale deploy files, run `python deploy/render.py`: {problems}"
+
+
+def test_keda_scaled_objects_follow_the_seed_and_the_partition_counts(render: ModuleType) -> None:
+    objects: dict[str, dict[str, Any]] = render._scaled_objects(default_rules())
+    summary = {
+        group: (
+            o["spec"]["maxReplicaCount"],
+            o["spec"]["triggers"][0]["metadata"]["topic"],
+            o["spec"]["triggers"][0]["metadata"]["lagThreshold"],
+            o["spec"]["triggers"][0]["metadata"]["consumerGroup"],
+            o["spec"]["scaleTargetRef"]["name"],
+        )
+        for group, o in objects.items()
+    }
+    assert summary == {
+        "review": (APPLY_CREATED.partitions, APPLY_CREATED.name, "1000", "avcc-review", "avcc-review"),
+        "sink": (PLAYBACK_EVENT.partitions, PLAYBACK_EVENT.name, "50000", "avcc-sink", "avcc-sink"),
+        "anomaly": (PLAYBACK_EVENT.partitions, PLAYBACK_EVENT.name, "50000", "avcc-anomaly", "avcc-anomaly"),
+    }
+    assert (APPLY_CREATED.partitions, PLAYBACK_EVENT.partitions) == (6, 24)
+
+
+def test_one_deployment_per_group_with_probes_on_the_worker_port(render: ModuleType) -> None:
+    base = Settings.model_fields["web_port"].default
+    for spec in GROUPS:
+        deployment = render._deployment(spec)
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == ["worker", spec.name]
+        assert container["ports"] == [
+            {"name": "web", "containerPort": base + spec.port_offset, "protocol": "TCP"}
+        ]
+        assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "web"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "web"}
+        assert {"configMapRef": {"name": "avcc-config"}} in container["envFrom"]
+        assert {"secretRef": {"name": "avcc-secrets"}} in container["envFrom"]
+        assert container["resources"]["requests"] and container["resources"]["limits"]
+        assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert (ROOT / "deploy" / "k8s" / f"deployment-{spec.name}.yaml").is_file()
+    configmap = render._configmap()["data"]
+    assert {"AVCC_KAFKA_URL", "AVCC_CLICKHOUSE_URL"} <= set(configmap)
+    assert "AVCC_HMAC_KEYS" in render._secret_example()["stringData"]
+
+
+def test_yaml_emitter_quotes_what_yaml_would_misread(render: ModuleType) -> None:
+    text = render.to_yaml(
+        {"a": "yes", "b": "6066", "c": "x: y", "d": [], "e": {}, "f": True, "g": "plain/ok-1"}
+    )
+    assert text == 'a: "yes"\nb: "6066"\nc: "x: y"\nd: []\ne: {}\nf: true\ng: plain/ok-1\n'
+
+
+def _yaml_loader() -> list[str] | None:
+    """argv of a Python that has PyYAML (this one, or the system's), else None."""
+    if importlib.util.find_spec("yaml") is not None:
+        return [sys.executable]
+    system = shutil.which("python3")
+    if system and subprocess.run([system, "-c", "import yaml"], capture_output=True).returncode == 0:
+        return [system]
+    return None
+
+
+def test_k8s_manifests_parse_as_yaml() -> None:
+    python = _yaml_loader()
+    if python is None:
+        pytest.skip("no PyYAML available to parse the manifests")
+    script = (
+        "import glob, json, sys, yaml\n"
+        "files = sorted(glob.glob(sys.argv[1]))\n"
+        "out = {f: [d['kind'] for d in yaml.safe_load_all(open(f))] for f in files}\n"
+        "print(json.dumps(out))\n"
+    )
+    result = subprocess.run(
+        [*python, "-c", script, str(ROOT / "deploy" / "k8s" / "*.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    kinds = {Path(k).name: v for k, v in json.loads(result.stdout).items()}
+    assert kinds["scaledobject-review.yaml"] == ["ScaledObject"]
+    assert kinds["deployment-gateway.yaml"] == ["Deployment", "Service"]
+    assert sum(1 for k in kinds.values() if "Deployment" in k) == len(GROUPS)
+
+
+def test_promtool_accepts_the_rules_and_the_config(promtool: str) -> None:
+    for argv in (
+        [promtool, "check", "rules", str(PROMETHEUS / "alerts.yml")],
+        [promtool, "check", "config", str(PROMETHEUS / "prometheus.yml")],
+    ):
+        result = subprocess.run(argv, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_rule_unit_tests_pass(promtool: str) -> None:
+    result = subprocess.run(
+        [promtool, "test", "rules", str(PROMETHEUS / "alerts.test.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _known_metric_names() -> set[str]:
+    names: set[str] = set()
+    for metric in REGISTRY.collect():
+        names.add(metric.name)
+        names.update(sample.name for sample in metric.samples)
+        names.update(metric.name + suffix for suffix in ("_total", "_bucket", "_sum", "_count"))
+    return names
+
+
+def test_dashboard_and_alerts_only_use_metrics_the_workers_export() -> None:
+    known = _known_metric_names()
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "avcc.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs.append((PROMETHEUS / "alerts.yml").read_text())
+    used = {m for expr in exprs for m in re.findall(r"\bavcc_[a-z_]+", expr)}
+    assert used - known == set()
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for topic in ("consumed", "latency", "lag", "dead letters"):
+        assert topic in titles
+    assert any("histogram_quantile" in e for e in exprs)
+
+
+def test_dockerfile_one_non_root_image_for_all_groups() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "python:3.11-slim" in dockerfile
+    assert re.search(r"^USER 10001", dockerfile, re.M)
+    assert 'ENTRYPOINT ["avcc"]' in dockerfile
+    assert 'CMD ["worker", "code"]' in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for entry in (".git", ".venv", "var", "deploy", "tests"):
+        assert entry in ignored
