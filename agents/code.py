@@ -22,13 +22,11 @@ from aiohttp import web
 from app.faust_app import get_app
 from app.http import (
     BadRequest,
+    answer_at_owner,
     authorize,
-    forward_to,
     is_forwarded,
-    is_local,
     json_error,
     json_response,
-    owner_url,
     parse_body,
 )
 from app.lifecycle import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
@@ -246,12 +244,11 @@ class Record(faust.web.View):
         if not avcc_record_id.isdigit():
             return json_error(400, "avcc_record_id: must be a decimal integer", ROUTE_RECORD, "GET")
         key = record_key(int(avcc_record_id))
-        if not forwarded:
-            owner = owner_url(app, records, key)
-            if owner is None:
-                return json_error(503, "partition owner unknown (rebalancing); retry", ROUTE_RECORD, "GET")
-            if not is_local(app, owner):
-                return await forward_to(owner, request, body, settings)
+        routed = await answer_at_owner(
+            app, records, key, request, body, settings, forwarded=forwarded, route=ROUTE_RECORD
+        )
+        if routed is not None:
+            return routed
         state = _load(key)
         if state is None:
             return json_error(404, f"record {avcc_record_id} not found", ROUTE_RECORD, "GET")

@@ -19,13 +19,11 @@ from app.errors import BusinessRuleViolation
 from app.faust_app import get_app
 from app.http import (
     BadRequest,
+    answer_at_owner,
     authorize,
-    forward_to,
     is_forwarded,
-    is_local,
     json_error,
     json_response,
-    owner_url,
     parse_body,
 )
 from app.partitioner import record_key
@@ -236,12 +234,11 @@ class Decision(faust.web.View):
             return json_error(400, str(exc), ROUTE_DECISION, "POST", fields=list(exc.fields))
         record_id = int(avcc_record_id)
         key = record_key(record_id)
-        if not forwarded:
-            owner = owner_url(app, tasks, key)
-            if owner is None:
-                return json_error(503, "partition owner unknown (rebalancing); retry", ROUTE_DECISION, "POST")
-            if not is_local(app, owner):
-                return await forward_to(owner, request, body, settings)
+        routed = await answer_at_owner(
+            app, tasks, key, request, body, settings, forwarded=forwarded, route=ROUTE_DECISION
+        )
+        if routed is not None:
+            return routed
         task = _load(key)
         if task is None:
             return json_error(404, f"no review task for record {record_id}", ROUTE_DECISION, "POST")

@@ -7,6 +7,9 @@ from functools import cache
 from typing import Any
 
 import faust
+from faust.agents.models import ReqRepResponse
+from faust.agents.replies import ReplyConsumer
+from mode.utils.objects import cached_property
 
 from app import transport
 from app.groups import group_spec
@@ -77,13 +80,41 @@ def needs_single_record_batches(settings: Settings) -> bool:
     return _TANSU_LIKE[bootstrap]
 
 
+class _ReplyConsumer(ReplyConsumer):
+    """faust's reply consumer with an ack-free reply topic.
+
+    faust reads replies with ``async for`` and so never acks the last reply; a worker that waits
+    for its streams at a rebalance or shutdown (``stream_wait_empty``) then waits forever.
+    Replies are not offsets anybody commits, so the topic is not tracked for acks at all.
+    """
+
+    def _reply_topic(self, topic: str) -> Any:
+        return self.app.topic(
+            topic,
+            partitions=1,
+            replicas=self.app.conf.topic_replication_factor,
+            deleting=True,
+            retention=self.app.conf.reply_expires,
+            value_type=ReqRepResponse,
+            acks=False,
+        )
+
+
+class AvccApp(faust.App):
+    """The faust App of an agent group."""
+
+    @cached_property
+    def _reply_consumer(self) -> ReplyConsumer:
+        return _ReplyConsumer(self, loop=self.loop, beacon=self.beacon)
+
+
 @cache
 def get_app(group: str) -> faust.App:
     """The faust App of ``group`` (created once per process)."""
     settings = get_settings()
     spec = group_spec(group)
     tansu_like = needs_single_record_batches(settings)
-    app = faust.App(
+    app = AvccApp(
         consumer_group_id(group),
         broker=f"{transport.SCHEME}://{settings.kafka_bootstrap}",
         broker_credentials=_credentials(settings),
@@ -105,8 +136,10 @@ def get_app(group: str) -> faust.App:
         web_port=settings.web_port + spec.port_offset,
         web_in_thread=False,
         table_standby_replicas=0,
-        stream_wait_empty=False,
+        stream_wait_empty=True,
         reply_create_topic=True,
+        # groups that never ask share one stable (idle) reply topic; askers need their own
+        reply_to=None if spec.uses_replies else f"avcc-{group}-replies",
         producer_max_batch_size=1 if tansu_like else 16384,
     )
     transport.set_fetch_max_wait_ms(

@@ -20,6 +20,7 @@ from schemas.violations import to_schema_violation
 __all__ = [
     "FORWARD_HEADER",
     "BadRequest",
+    "answer_at_owner",
     "authorize",
     "forward_to",
     "is_forwarded",
@@ -134,3 +135,26 @@ def owner_url(app: Any, table: Any, key: bytes) -> str | None:
 def is_local(app: Any, url: str) -> bool:
     """Whether ``url`` is this worker."""
     return url == str(app.conf.canonical_url).rstrip("/")
+
+
+async def answer_at_owner(
+    app: Any,
+    table: Any,
+    key: bytes,
+    request: web.Request,
+    body: bytes,
+    settings: Settings,
+    *,
+    forwarded: bool,
+    route: str,
+) -> web.Response | None:
+    """The owner's answer when another worker owns ``key``'s partition of ``table``; ``None``
+    when this worker owns it (or the request was already forwarded here) and must answer."""
+    if forwarded:
+        return None
+    owner = owner_url(app, table, key)
+    if owner is None:
+        return json_error(503, "partition owner unknown (rebalancing); retry", route, str(request.method))
+    if is_local(app, owner):
+        return None
+    return await forward_to(owner, request, body, settings)

@@ -44,25 +44,24 @@ def changelog_specs(groups: Iterable[GroupSpec] = GROUPS) -> list[TopicSpec]:
 
 
 def reply_specs(groups: Iterable[GroupSpec]) -> list[TopicSpec]:
-    """The reply topic of each group whose agents answer ``ask`` (faust request/reply).
+    """The reply topic of each group (faust subscribes it even when no agent asks).
 
-    faust names it per process (``app.conf.reply_to``), so it is created when the worker starts.
+    Groups that ask (faust request/reply) get one per process (``app.conf.reply_to``), so it is
+    created when the worker starts; the others share a stable, idle one.
     """
     specs: list[TopicSpec] = []
     for group in groups:
-        if group.uses_replies:
-            app = group_app(group)
-            specs.append(
-                TopicSpec(
-                    name=str(app.conf.reply_to),
-                    partitions=1,
-                    retention_ms=DAY_MS,
-                    cleanup_policy="delete",
-                    key_field="correlation id",
-                    profile="core",
-                    purpose=f"replies to this {group.name} worker's requests",
-                )
+        specs.append(
+            TopicSpec(
+                name=str(group_app(group).conf.reply_to),
+                partitions=1,
+                retention_ms=DAY_MS,
+                cleanup_policy="delete",
+                key_field="correlation id",
+                profile="core",
+                purpose=f"faust replies of the {group.name} group",
             )
+        )
     return specs
 
 

@@ -1,0 +1,119 @@
+"""Crashes on the full core pipeline: SIGKILLed workers, a second worker taking over, and a
+broker restart. Effects are counted: every application issued once, one chain transaction per
+record, one code per record, lag back to zero."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from app.faust_app import consumer_group_id
+from app.ledger import verify_ledger
+from app.topics import APPLY_CREATED
+from tests.integration.stack import Stack, application, record_when
+
+#: Each lifecycle event applied exactly once (their arrival order may vary: a chain receipt can
+#: overtake the review result, which reaches the code group through its repartition topic).
+EXPECTED_EVENTS = ["apply.created", "chain.tx.confirmed", "review.task.finished"]
+
+
+async def submit(stack: Stack, body: dict[str, Any], deadline_s: float = 90.0) -> int:
+    """POST an application, retrying (same request_id) through outages until it is accepted."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    last: Any = None
+    while loop.time() < end:
+        try:
+            status, answer = await stack.call("code", "POST", "/v1/avcc/applications", body)
+        except Exception as exc:  # connection refused/reset while the pipeline recovers
+            last = exc
+        else:
+            if status == 202:
+                return int(answer["avcc_record_id"])
+            last = (status, answer)
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"application {body['request_id']} never accepted: {last}")
+
+
+async def issued_exactly_once(stack: Stack, record_ids: list[int]) -> list[dict[str, Any]]:
+    records = [await record_when(stack, r, lambda x: x.get("avcc_code"), wait_s=120) for r in record_ids]
+    for record in records:
+        events = sorted(h["event"] for h in record["history"])
+        assert events == EXPECTED_EVENTS, f"record {record['avcc_record_id']} history {record['history']}"
+        assert record["status"] == "issued" and record["decision"] == "approved"
+        assert record["history"][-1]["status"] == "issued"
+    assert len({r["avcc_code"] for r in records}) == len(records)
+    return records
+
+
+def committed_lag(bootstrap: str, group: str, topic: str) -> int:
+    """End offset minus committed offset summed over ``topic``'s partitions (exact on Kafka)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        tps = [TopicPartition(topic, p) for p in parts]
+        committed = consumer.committed(tps, timeout=10)
+        lag = 0
+        for tp in committed:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            lag += high - max(tp.offset, 0)
+        return lag
+    finally:
+        consumer.close()
+
+
+async def test_sigkilled_workers_lose_and_duplicate_nothing(core_stack: Stack, stack_broker: Any) -> None:
+    """Two review workers share the partitions; one is SIGKILLed mid-stream (the other takes its
+    partitions and recovers its table), the chain worker is SIGKILLed too; both restart."""
+    ledger = core_stack.data_dir("chain") / "ledger"
+    txs_before = verify_ledger(ledger).transactions
+    core_stack.start("review", index=1)
+
+    bodies = [application(request_id=f"req_crash_{uuid.uuid4().hex[:10]}") for _ in range(90)]
+    record_ids: list[int] = []
+    for n, body in enumerate(bodies):
+        if n == 30:
+            core_stack.worker("review", 0).kill()
+        if n == 50:
+            core_stack.worker("chain").kill()
+            core_stack.worker("chain").start(wait=False)
+        if n == 70:
+            core_stack.worker("review", 0).start(wait=False)
+        record_ids.append(await submit(core_stack, body))
+    core_stack.worker("review", 0).wait_ready()
+    core_stack.worker("chain").wait_ready()
+
+    await issued_exactly_once(core_stack, record_ids)
+    check = verify_ledger(ledger)
+    assert check.ok, check.error
+    assert check.transactions - txs_before == len(bodies), "a crash lost or duplicated a chain transaction"
+    if stack_broker.name == "kafka":  # Tansu's reported end offsets lag (INFRA-NOTES)
+        group = consumer_group_id("review")
+        for _ in range(60):
+            if committed_lag(core_stack.bootstrap, group, APPLY_CREATED.name) == 0:
+                break
+            await asyncio.sleep(1)
+        assert committed_lag(core_stack.bootstrap, group, APPLY_CREATED.name) == 0
+    core_stack.worker("review", 1).stop()
+
+
+# Apache Kafka only: Tansu (the dev broker) keeps messages in memory, a restart loses them by design.
+@pytest.mark.parametrize("stack_broker", ["kafka"], indirect=True)
+async def test_broker_restart_during_production_loses_nothing(core_stack: Stack, stack_broker: Any) -> None:
+    ledger = core_stack.data_dir("chain") / "ledger"
+    txs_before = verify_ledger(ledger).transactions
+    bodies = [application(request_id=f"req_brk_{uuid.uuid4().hex[:10]}") for _ in range(40)]
+    record_ids: list[int] = []
+    for n, body in enumerate(bodies):
+        if n == 15:
+            await asyncio.get_running_loop().run_in_executor(None, stack_broker.restart)
+        record_ids.append(await submit(core_stack, body, deadline_s=180))
+    assert len(set(record_ids)) == len(bodies)
+    await issued_exactly_once(core_stack, record_ids)
+    check = verify_ledger(ledger)
+    assert check.ok, check.error
+    assert check.transactions - txs_before == len(bodies)

@@ -1,0 +1,148 @@
+"""The README's run command: `avcc dev` brings up every group on the embedded defaults, works,
+and stops without leaving a process behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import orjson
+
+from app.auth import sign_request
+from app.groups import GROUPS
+from app.servers.process import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _descendants(pid: int) -> set[int]:
+    """PIDs whose parent chain leads to ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
+    base = free_port()
+    while any(not _port_free(base + g.port_offset) for g in GROUPS):
+        base = free_port()
+    broker_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
+    env.update(
+        {
+            "AVCC_KAFKA_URL": f"kafka://127.0.0.1:{broker_port}",
+            "AVCC_WEB_PORT": str(base),
+            "AVCC_DATA_DIR": str(tmp_path / "var"),
+        }
+    )
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "app", "dev"],
+        cwd=ROOT,
+        env=env,
+        stdout=(tmp_path / "dev.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        pending = {g.name: base + g.port_offset for g in GROUPS}
+        while pending and time.monotonic() < deadline:
+            assert dev.poll() is None, (tmp_path / "dev.log").read_text()[-3000:]
+            for name, port in list(pending.items()):
+                try:
+                    if _get(f"http://127.0.0.1:{port}/ready")[0] == 200:
+                        del pending[name]
+                except OSError:
+                    pass
+            time.sleep(1)
+        assert not pending, (
+            f"groups not ready: {sorted(pending)}\n" + (tmp_path / "dev.log").read_text()[-3000:]
+        )
+        assert "dev-secret" in (tmp_path / "dev.log").read_text(), "the dev key must be announced loudly"
+
+        body = orjson.dumps(
+            {
+                "request_id": f"req_{uuid.uuid4().hex[:10]}",
+                "content_url": "s3://aigc-hub-storage/w/a.mp4",
+                "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+                "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+                "priority": 9,
+                "title": "dev stack",
+                "applicant_id": "dev-user",
+            }
+        )
+        path = "/v1/avcc/applications"
+        code_url = f"http://127.0.0.1:{base + 1}"
+        status, answer = _post(code_url + path, body, sign_request("POST", path, body, "dev", "dev-secret"))
+        assert status == 202, answer
+        record_path = f"/v1/avcc/records/{orjson.loads(answer)['avcc_record_id']}"
+        for _ in range(120):
+            status, raw = _get(
+                code_url + record_path, sign_request("GET", record_path, b"", "dev", "dev-secret")
+            )
+            if status == 200 and orjson.loads(raw).get("avcc_code"):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"no code issued in the dev stack: {status} {raw!r}")
+        assert _get(f"http://127.0.0.1:{base}/dlq")[0] == 401
+    finally:
+        children = _descendants(dev.pid)
+        dev.send_signal(signal.SIGTERM)
+        try:
+            dev.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(dev.pid, signal.SIGKILL)
+            raise
+    assert dev.returncode == 0
+    time.sleep(1)
+    left = {pid for pid in children if Path(f"/proc/{pid}").exists()}
+    assert not left, f"processes left behind after SIGTERM: {left}"
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,85 @@
+"""Seed 9.3.4 on the running pipeline: with the review group stopped and more than 1000
+applications queued, the lag alert fires (with a scale-out recommendation) and resolves once
+the restarted group has caught up."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from app.lag import AlertEvent, LagMonitor, LagReport, LagSettings
+from app.partitioner import record_key
+from app.settings import Settings
+from app.topics import APPLY_CREATED
+from schemas.apply import AiToolInfo, ApplyCreated
+from schemas.envelope import make_envelope
+from schemas.registry import encode_event
+from tests.integration.stack import Stack
+
+QUEUED = 1100
+
+
+def queue_applications(bootstrap: str, count: int) -> None:
+    """Produce ``count`` valid apply.created events (what code-svc emits after pre-check)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    base = 5_000_000 + int(time.time()) % 1_000_000 * 100
+    for n in range(count):
+        record_id = base + n
+        payload = ApplyCreated(
+            request_id=f"req_lag_{record_id}",
+            avcc_record_id=record_id,
+            content_url="s3://aigc-hub-storage/works/raw/lag.mp4",
+            content_hash="sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+            ai_tool_info=AiToolInfo(model_name="Stable-Diffusion-XL", model_version="v1.0"),
+            priority=5,
+        )
+        env = make_envelope(payload, source="code-svc")
+        producer.produce(APPLY_CREATED.name, encode_event(env), record_key(record_id))
+        if n % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def review_rule_events(report: LagReport) -> list[AlertEvent]:
+    return [e for e in report.events if e.topic == APPLY_CREATED.name and e.group == "avcc-review"]
+
+
+async def test_review_lag_alert_fires_then_resolves(core_stack: Stack, stack_broker: Any) -> None:
+    settings = Settings(kafka_url=f"kafka://{core_stack.bootstrap}")
+    config = LagSettings(interval_s=1.0, window_s=60.0)
+    monitor = LagMonitor(settings, config, sinks=[])
+    review = core_stack.worker("review", 0)
+    review.stop()
+    try:
+        queue_applications(core_stack.bootstrap, QUEUED)
+        queued_at = time.monotonic()
+        fired: list[AlertEvent] = []
+        while not fired:
+            assert time.monotonic() - queued_at < 60, "the lag alert did not fire within the rule's window"
+            report = await monitor.tick()
+            fired = [e for e in review_rule_events(report) if e.kind == "firing"]
+            await asyncio.sleep(config.interval_s)
+        assert fired[0].lag > 1000
+        assert fired[0].rule.scale_group == "review" and "scale out" in fired[0].rule.action
+    finally:
+        review.start()
+
+    resolved: list[AlertEvent] = []
+    started = time.monotonic()
+    while not resolved:
+        assert time.monotonic() - started < 240, "the lag alert did not resolve after the group caught up"
+        report = await monitor.tick()
+        resolved = [e for e in review_rule_events(report) if e.kind == "resolved"]
+        await asyncio.sleep(config.interval_s)
+    state = next(r for r in report.rules if r.topic == APPLY_CREATED.name and r.group == "avcc-review")
+    assert not state.firing
+    await monitor.close()
+
+
+pytestmark = pytest.mark.timeout(420)
