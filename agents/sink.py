@@ -38,6 +38,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import methodcaller
 from typing import Any, Final
 
 import faust
@@ -401,53 +402,25 @@ class SinkLoop:
             self._add(batch, messages)
 
     def _add(self, batch: _Batch, messages: list[Message]) -> None:
-        cpu0 = time.perf_counter()
+        started = time.perf_counter()
         playback_topic = self.topics.playback
         anomaly_topic = self.topics.anomaly
-        first = batch.first
-        last = batch.last
-        pb_first = first.setdefault(playback_topic, {})
-        pb_last = last.setdefault(playback_topic, {})
-        per_topic = batch.per_topic
-        add_row = batch.playback.add
-        loads = orjson.loads
-        parse = parse_playback
-        decode_error = orjson.JSONDecodeError
         if not batch.messages:
             batch.started = time.monotonic()
-        n_playback = n_anomaly = n_other = 0
-        for msg in messages:
-            if msg.error() is not None:
-                self._consumer_error(msg)
-                continue
-            topic = msg.topic()
-            partition = msg.partition()
-            offset = msg.offset()
-            if topic == playback_topic:
-                n_playback += 1
-                pb_last[partition] = offset
-                if partition not in pb_first:
-                    pb_first[partition] = offset
-                try:
-                    row = parse(loads(msg.value()))
-                except (decode_error, TypeError):
-                    row = None
-                if row is None:
-                    row = self._slow_playback(batch, msg)
-                    if row is None:
-                        continue
-                add_row(row, partition, offset)
-                continue
-            last.setdefault(topic, {})[partition] = offset
-            first.setdefault(topic, {}).setdefault(partition, offset)
-            if topic == anomaly_topic:
-                n_anomaly += 1
-                self._anomaly(batch, msg)
-            else:
-                n_other += 1
-                log.warning("sink got a message of unexpected topic %s; skipped", topic)
+        total = len(messages)
+        if (
+            list(map(_TOPIC_OF, messages)).count(playback_topic) == total
+            and list(map(_ERROR_OF, messages)).count(None) == total
+        ):
+            playback, n_anomaly, n_other = messages, 0, 0  # the usual chunk: playback events only
+        else:
+            playback, n_anomaly, n_other = self._sort_out(batch, messages)
+        if playback:
+            self._add_playback(batch, playback)
+        n_playback = len(playback)
         count = n_playback + n_anomaly + n_other
         if count:
+            per_topic = batch.per_topic
             batch.messages += count
             self.stats.consumed += count
             if n_playback:
@@ -455,7 +428,67 @@ class SinkLoop:
             if n_anomaly:
                 per_topic[anomaly_topic] = per_topic.get(anomaly_topic, 0) + n_anomaly
             SINK_PENDING_MESSAGES.labels(GROUP).set(batch.messages)
-            PROCESSING_SECONDS.labels(GROUP, playback_topic).observe(time.perf_counter() - cpu0)
+            PROCESSING_SECONDS.labels(GROUP, playback_topic).observe(time.perf_counter() - started)
+
+    def _sort_out(self, batch: _Batch, messages: list[Message]) -> tuple[list[Message], int, int]:
+        """Consumer errors and other topics handled here; returns (playback messages, anomalies, others)."""
+        playback_topic = self.topics.playback
+        anomaly_topic = self.topics.anomaly
+        playback: list[Message] = []
+        n_anomaly = n_other = 0
+        for msg in messages:
+            if msg.error() is not None:
+                self._consumer_error(msg)
+                continue
+            topic = msg.topic()
+            if topic == playback_topic:
+                playback.append(msg)
+                continue
+            partition = msg.partition()
+            offset = msg.offset()
+            batch.last.setdefault(topic, {})[partition] = offset
+            batch.first.setdefault(topic, {}).setdefault(partition, offset)
+            if topic == anomaly_topic:
+                n_anomaly += 1
+                self._anomaly(batch, msg)
+            else:
+                n_other += 1
+                log.warning("sink got a message of unexpected topic %s; skipped", topic)
+        return playback, n_anomaly, n_other
+
+    def _add_playback(self, batch: _Batch, messages: list[Message]) -> None:
+        """Playback messages into the batch: a whole chunk column-wise when it is all valid
+        (the usual case), else one by one (the schema explains each refusal: DLQ)."""
+        playback_topic = self.topics.playback
+        partitions = list(map(_PARTITION_OF, messages))
+        offsets = list(map(_OFFSET_OF, messages))
+        # Offsets ascend within a partition: the last pair per partition wins, first by reversal.
+        batch.last.setdefault(playback_topic, {}).update(zip(partitions, offsets, strict=True))
+        pb_first = batch.first.setdefault(playback_topic, {})
+        for partition, offset in dict(zip(reversed(partitions), reversed(offsets), strict=True)).items():
+            pb_first.setdefault(partition, offset)
+        values = list(map(_VALUE_OF, messages))
+        documents: list[Any] | None
+        try:
+            documents = list(map(orjson.loads, values))
+        except (orjson.JSONDecodeError, TypeError):
+            documents = None
+        block = batch.playback
+        if documents is not None and block.add_documents(documents, partitions, offsets):
+            return
+        loads = orjson.loads
+        decode_error = orjson.JSONDecodeError
+        for index, msg in enumerate(messages):
+            row: ParsedPlayback | None
+            try:
+                row = parse_playback(documents[index] if documents is not None else loads(values[index]))
+            except (decode_error, TypeError):
+                row = None
+            if row is None:
+                row = self._slow_playback(batch, msg)
+                if row is None:
+                    continue
+            block.add(row, partitions[index], offsets[index])
 
     def _consumer_error(self, msg: Message) -> None:
         err = msg.error()
@@ -657,6 +690,13 @@ class SinkLoop:
         self.stats.paused = False
         SINK_PAUSED.labels(GROUP).set(0)
         SINK_PENDING_MESSAGES.labels(GROUP).set(0)
+
+
+_TOPIC_OF: Final = methodcaller("topic")
+_ERROR_OF: Final = methodcaller("error")
+_PARTITION_OF: Final = methodcaller("partition")
+_OFFSET_OF: Final = methodcaller("offset")
+_VALUE_OF: Final = methodcaller("value")
 
 
 def _event_id_of(value: bytes) -> str | None:

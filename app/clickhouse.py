@@ -15,6 +15,7 @@ has no server-side parameters). Unreachable servers surface as
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import threading
@@ -242,8 +243,11 @@ class DriverBackend:
 class ChdbBackend:
     """Embedded ClickHouse (chDB) storing its data under ``path``; one process per path.
 
-    Inserts are sent as one ``JSONCompactColumns`` document (measured ~4x faster than
-    ``JSONEachRow`` for 50k rows: no per-row dict); results come back as ``JSONCompact``.
+    Inserts hand chDB an Arrow table (``INSERT ... SELECT * FROM Python(table)``: no text to
+    format or parse, measured ~2x cheaper than ``JSONCompactColumns`` for the sink's 50k-row
+    blocks); columns Arrow cannot type (all ``None``, integers beyond 64 bits), or a chDB build
+    without the ``Python`` table function, fall back to one ``JSONCompactColumns`` document.
+    Results come back as ``JSONCompact``.
     """
 
     def __init__(self, path: Path) -> None:
@@ -276,6 +280,18 @@ class ChdbBackend:
             int(part) for part in str(version_text).split(".") if part.isdigit()
         )
         self._dedup_token = bool(int(has_token))
+        self._arrow = self._probe_arrow()
+
+    def _probe_arrow(self) -> bool:
+        """Whether this chDB reads Arrow tables through the ``Python`` table function."""
+        try:
+            avcc_arrow_probe = _pyarrow().table({"x": [1]})  # noqa: F841 - read by chDB by name
+            with self._lock:
+                result = self._session.query("SELECT sum(x) FROM Python(avcc_arrow_probe)", "CSV")
+            return bool(result is not None and result.bytes().strip() == b"1")
+        except Exception as exc:
+            log.info("chDB inserts go through JSON (no Arrow input: %s)", exc)
+            return False
 
     @property
     def supports_dedup_token(self) -> bool:
@@ -314,6 +330,21 @@ class ChdbBackend:
         if dedup_token is not None and self._dedup_token:
             token = dedup_token.replace("\\", "\\\\").replace("'", "\\'")
             settings = f" SETTINGS insert_deduplication_token = '{token}'"
+        avcc_insert_block = _arrow_table(column_names, columns) if self._arrow else None
+        if avcc_insert_block is not None:
+            # chDB finds the table by its variable name in this frame.
+            sql = (
+                f"INSERT INTO {quote_identifier(table)} ({names}){settings} "
+                "SELECT * FROM Python(avcc_insert_block)"
+            )
+            with self._lock:
+                if self._session is None:
+                    raise DependencyUnavailable(f"chDB at {self.path} is closed")
+                try:
+                    self._session.query(sql, "CSV")
+                except Exception as exc:
+                    raise _chdb_error(exc, self.path) from exc
+            return
         body = orjson.dumps(list(columns)).decode()
         sql = f"INSERT INTO {quote_identifier(table)} ({names}){settings} FORMAT JSONCompactColumns\n{body}"
         with self._lock:
@@ -332,6 +363,26 @@ class ChdbBackend:
             if self._session is not None:
                 self._session.close()
                 self._session = None
+
+
+def _pyarrow() -> Any:
+    """``pyarrow`` (installed with chDB; imported on first use, untyped)."""
+    return importlib.import_module("pyarrow")
+
+
+def _arrow_table(column_names: Sequence[str], columns: Sequence[Sequence[Any]]) -> Any:
+    """The columns as a ``pyarrow.Table`` (types inferred), or ``None`` if one cannot be typed."""
+    pyarrow = _pyarrow()
+    arrays = []
+    for column in columns:
+        try:
+            array = pyarrow.array(column)
+        except (pyarrow.ArrowException, OverflowError, TypeError, ValueError):
+            return None
+        if pyarrow.types.is_null(array.type):
+            return None  # all None (or empty): let the server's JSON parser type it
+        arrays.append(array)
+    return pyarrow.Table.from_arrays(arrays, names=list(column_names))
 
 
 def _chdb_error(exc: Exception, path: Path) -> Exception:

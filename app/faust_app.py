@@ -60,7 +60,7 @@ TANSU_CLUSTER_ID = "tansu_cluster"
 _TANSU_LIKE: dict[str, bool] = {}
 
 
-def needs_single_record_batches(settings: Settings) -> bool:
+def tansu_like_broker(settings: Settings) -> bool:
     """Whether the broker is Tansu-like: a high watermark that counts only the first record of
     the last batch, and fetches answered only when their wait expires (see the setting's doc).
 
@@ -113,7 +113,7 @@ def get_app(group: str) -> faust.App:
     """The faust App of ``group`` (created once per process)."""
     settings = get_settings()
     spec = group_spec(group)
-    tansu_like = needs_single_record_batches(settings)
+    tansu_like = tansu_like_broker(settings)
     app = AvccApp(
         consumer_group_id(group),
         broker=f"{transport.SCHEME}://{settings.kafka_bootstrap}",

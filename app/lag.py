@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.alerts import Alert, AlertSink, default_sinks
-from app.faust_app import consumer_group_id
+from app.faust_app import consumer_group_id, tansu_like_broker
 from app.metrics import ALERTS_SENT, CONSUMER_LAG, LAG_ALERTS, LAG_MONITOR_ERRORS, LAG_STATUS
 from app.settings import Settings
 from app.topics import APPLY_CREATED, PLAYBACK_EVENT, spec_for
@@ -174,8 +174,8 @@ class LagSettings(BaseSettings):
     request_timeout_s: float = Field(10.0, description="Timeout of each admin/offset request.")
     probe_end_offsets: bool | None = Field(
         None,
-        description="Fetch each partition's tail to learn the exact end offset (needed on Tansu). "
-        "Default: on in dev mode.",
+        description="Fetch each partition's tail to learn the exact end offset (needed on Tansu, "
+        "whose reported end offsets lag). Default: on when the broker is Tansu-like.",
     )
     export_interval_s: float = Field(
         10.0, description="How often every worker exports the lag of its own partitions."
@@ -625,7 +625,7 @@ class OffsetReader:
         self.config = config if config is not None else LagSettings()
         self.clock = clock
         probe = self.config.probe_end_offsets
-        self.probe = settings.dev_mode if probe is None else probe
+        self.probe = tansu_like_broker(settings) if probe is None else probe
         self._lock = threading.Lock()
         self._admin: Any = None
         self._consumer: Any = None

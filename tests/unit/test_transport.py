@@ -77,3 +77,16 @@ def test_gaps_the_broker_never_delivered_count_as_acked(consumer: Any) -> None:
     for offset in (0, 3):
         consumer.ack(FakeMessage(offset=offset, generation_id=7))
     assert consumer._new_offset(tp) == 4
+
+
+async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consumer: Any) -> None:
+    """A partition without a committed offset kept the last offset an earlier generation read,
+    so its unprocessed messages were dropped as "already read" when it came back."""
+
+    async def no_committed_offsets() -> dict[Any, int]:
+        return {}
+
+    consumer._read_offset[tp] = 13
+    consumer.seek_to_committed = no_committed_offsets
+    await consumer.perform_seek()
+    assert consumer._read_offset[tp] is None
