@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -15,7 +16,7 @@ from app import transport
 from app.groups import group_spec
 from app.settings import Settings, get_settings
 
-__all__ = ["consumer_group_id", "get_app"]
+__all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app", "tansu_like_broker"]
 
 
 def consumer_group_id(group: str) -> str:
@@ -108,42 +109,64 @@ class AvccApp(faust.App):
         return _ReplyConsumer(self, loop=self.loop, beacon=self.beacon)
 
 
+def create_app(
+    app_id: str,
+    *,
+    datadir: Path,
+    web_port: int,
+    reply_to: str | None = None,
+    **overrides: Any,
+) -> faust.App:
+    """A faust App (= consumer group ``app_id``) with the pipeline's transport and settings.
+
+    ``reply_to`` names a stable reply topic (``None``: faust's per-process one, for apps that
+    ask); ``overrides`` are further faust settings (tests use a shorter commit interval).
+    """
+    settings = get_settings()
+    tansu_like = tansu_like_broker(settings)
+    options: dict[str, Any] = {
+        "broker": f"{transport.SCHEME}://{settings.kafka_bootstrap}",
+        "broker_credentials": _credentials(settings),
+        "store": "rocksdb://",
+        "datadir": str(datadir),
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "autodiscover": False,
+        "topic_allow_declare": False,
+        "topic_disable_leader": True,
+        "topic_replication_factor": settings.replication_factor,
+        "producer_acks": -1,
+        "consumer_auto_offset_reset": "earliest",
+        "broker_session_timeout": settings.kafka_session_timeout_ms / 1000,
+        "broker_heartbeat_interval": max(1.0, settings.kafka_session_timeout_ms / 5000),
+        "broker_commit_every": 1000,
+        "broker_commit_interval": 1.0,
+        "web_host": settings.web_host,
+        "web_port": web_port,
+        "web_in_thread": False,
+        "table_standby_replicas": 0,
+        "stream_wait_empty": True,
+        "reply_create_topic": True,
+        "reply_to": reply_to,
+        "producer_max_batch_size": 1 if tansu_like else 16384,
+        **overrides,
+    }
+    app = AvccApp(app_id, **options)
+    transport.set_fetch_max_wait_ms(
+        app_id, transport.FETCH_MAX_WAIT_MS if tansu_like else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS
+    )
+    return app
+
+
 @cache
 def get_app(group: str) -> faust.App:
     """The faust App of ``group`` (created once per process)."""
     settings = get_settings()
     spec = group_spec(group)
-    tansu_like = tansu_like_broker(settings)
-    app = AvccApp(
+    return create_app(
         consumer_group_id(group),
-        broker=f"{transport.SCHEME}://{settings.kafka_bootstrap}",
-        broker_credentials=_credentials(settings),
-        store="rocksdb://",
-        datadir=str(settings.resolve_data_path("workers", group)),
-        key_serializer="raw",
-        value_serializer="raw",
-        autodiscover=False,
-        topic_allow_declare=False,
-        topic_disable_leader=True,
-        topic_replication_factor=settings.replication_factor,
-        producer_acks=-1,
-        consumer_auto_offset_reset="earliest",
-        broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
-        broker_heartbeat_interval=max(1.0, settings.kafka_session_timeout_ms / 5000),
-        broker_commit_every=1000,
-        broker_commit_interval=1.0,
-        web_host=settings.web_host,
+        datadir=settings.resolve_data_path("workers", group),
         web_port=settings.web_port + spec.port_offset,
-        web_in_thread=False,
-        table_standby_replicas=0,
-        stream_wait_empty=True,
-        reply_create_topic=True,
         # groups that never ask share one stable (idle) reply topic; askers need their own
         reply_to=None if spec.uses_replies else f"avcc-{group}-replies",
-        producer_max_batch_size=1 if tansu_like else 16384,
     )
-    transport.set_fetch_max_wait_ms(
-        str(app.conf.id),
-        transport.FETCH_MAX_WAIT_MS if tansu_like else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS,
-    )
-    return app

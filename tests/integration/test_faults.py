@@ -55,11 +55,12 @@ import os
 import time
 from pathlib import Path
 
-import faust
 import orjson
 
 from agents.retry import RetryForwarder
 from app.errors import DependencyTimeout
+from app.faust_app import create_app
+from app.servers.process import free_port
 from app.runtime import Effects, GroupRuntime
 from app.settings import get_settings
 from app.topics import APPLY_CREATED
@@ -71,26 +72,13 @@ GROUP = os.environ["FAULTS_GROUP"]
 OUT = Path(os.environ["FAULTS_OUT"])
 PARTS = int(os.environ["FAULTS_PARTITIONS"])
 
-app = faust.App(
+app = create_app(
     APP_ID,
-    broker=f"kafka://{settings.kafka_bootstrap}",
-    store="memory://",
-    datadir=str(OUT / "faust"),
-    key_serializer="raw",
-    value_serializer="raw",
-    autodiscover=False,
+    datadir=OUT / "faust",
+    web_port=free_port(),
+    reply_to=f"{APP_ID}-replies",
     topic_allow_declare=True,
-    topic_disable_leader=True,
-    topic_replication_factor=1,
-    producer_acks=-1,
-    consumer_auto_offset_reset="earliest",
-    broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
-    broker_heartbeat_interval=1.0,
     broker_commit_interval=0.5,
-    table_standby_replicas=0,
-    web_host="127.0.0.1",
-    web_in_thread=False,
-    stream_wait_empty=False,
 )
 source = app.topic(
     TOPIC, partitions=PARTS, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -98,25 +86,6 @@ source = app.topic(
 runtime = GroupRuntime(GROUP, "faults-svc", app)
 parking = runtime.parking_table("faults", PARTS)
 
-if os.environ.get("FAULTS_PATCH_PARKED") == "1":
-    # Verifies the runtime fix from the DLQ/retry report before it lands: parked messages were
-    # given not_before_ms=0, which FailureMetadata refuses (the agent crashed in a loop).
-    from app.runtime import now_ms
-
-    _metadata = GroupRuntime._metadata
-
-    def _patched(self, message, topic, exc, attempt, first_failure, envelope, not_before=None):
-        due = now_ms() if not_before == 0 else not_before
-        return _metadata(self, message, topic, exc, attempt, first_failure, envelope, due)
-
-    GroupRuntime._metadata = _patched
-
-
-@app.task
-async def _warm_producer() -> None:
-    # The runtime creates and verifies its producer lazily, blocking the loop ~1 s on first use
-    # (see the report); create it at start so measured delays are the policy's.
-    await app.loop.run_in_executor(None, lambda: runtime.producer)
 attempts: dict[str, int] = {}
 applied: set[str] = set()
 
