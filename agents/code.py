@@ -24,10 +24,10 @@ from app.http import (
     BadRequest,
     answer_at_owner,
     authorize,
-    is_forwarded,
     json_error,
     json_response,
     parse_body,
+    record_request,
 )
 from app.lifecycle import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
 from app.partitioner import record_key
@@ -236,16 +236,12 @@ class Record(faust.web.View):
     """``GET``: a record with its history, answered by the owner of its partition."""
 
     async def get(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        body = await request.read()
-        forwarded = is_forwarded(request, settings)
-        denied = await authorize(request, body, settings, route=ROUTE_RECORD, forwarded=forwarded)
-        if denied is not None:
-            return denied
-        if not avcc_record_id.isdigit():
-            return json_error(400, "avcc_record_id: must be a decimal integer", ROUTE_RECORD, "GET")
-        key = record_key(int(avcc_record_id))
+        req = await record_request(request, avcc_record_id, settings, route=ROUTE_RECORD)
+        if isinstance(req, web.Response):
+            return req
+        key = req.key
         routed = await answer_at_owner(
-            app, records, key, request, body, settings, forwarded=forwarded, route=ROUTE_RECORD
+            app, records, key, request, req.body, settings, forwarded=req.forwarded, route=ROUTE_RECORD
         )
         if routed is not None:
             return routed

@@ -21,10 +21,10 @@ from app.http import (
     BadRequest,
     answer_at_owner,
     authorize,
-    is_forwarded,
     json_error,
     json_response,
     parse_body,
+    record_request,
 )
 from app.partitioner import record_key
 from app.review_rules import ReviewConfig, review_application
@@ -221,21 +221,16 @@ class Decision(faust.web.View):
     """``POST``: a reviewer approves or rejects a ``need_human`` task."""
 
     async def post(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        body = await request.read()
-        forwarded = is_forwarded(request, settings)
-        denied = await authorize(request, body, settings, route=ROUTE_DECISION, forwarded=forwarded)
-        if denied is not None:
-            return denied
-        if not avcc_record_id.isdigit():
-            return json_error(400, "avcc_record_id: must be a decimal integer", ROUTE_DECISION, "POST")
+        signed = await record_request(request, avcc_record_id, settings, route=ROUTE_DECISION)
+        if isinstance(signed, web.Response):
+            return signed
         try:
-            req = parse_body(HumanDecisionRequest, body)
+            req = parse_body(HumanDecisionRequest, signed.body)
         except BadRequest as exc:
             return json_error(400, str(exc), ROUTE_DECISION, "POST", fields=list(exc.fields))
-        record_id = int(avcc_record_id)
-        key = record_key(record_id)
+        record_id, key = signed.record_id, signed.key
         routed = await answer_at_owner(
-            app, tasks, key, request, body, settings, forwarded=forwarded, route=ROUTE_DECISION
+            app, tasks, key, request, signed.body, settings, forwarded=signed.forwarded, route=ROUTE_DECISION
         )
         if routed is not None:
             return routed

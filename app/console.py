@@ -282,21 +282,22 @@ class DlqConsole:
         except DlqError as exc:
             if _wants_json(request) or isinstance(exc, DlqNotFound) or "not open yet" in str(exc):
                 raise
-            current = self.store.get(dlq_id)
-            return web.Response(
-                text=_detail_html(
-                    current,
-                    self.store.reinjections_of(current),
-                    self.store.max_reinjections,
-                    error=str(exc),
-                    user=user,
-                ),
-                status=409,
-                content_type="text/html",
-            )
+            return self._refused(dlq_id, exc, user)
         if _wants_json(request):
             return _json(entry.summary())
         return _redirect(f"/dlq/{dlq_id}?done=reinjected")
+
+    def _refused(self, dlq_id: str, exc: Exception, user: str) -> web.Response:
+        """The detail page with the refusal (409) of an operator action."""
+        current = self.store.get(dlq_id)
+        page = _detail_html(
+            current,
+            self.store.reinjections_of(current),
+            self.store.max_reinjections,
+            error=str(exc),
+            user=user,
+        )
+        return web.Response(text=page, status=409, content_type="text/html")
 
     async def discard(self, request: web.Request, user: str) -> web.StreamResponse:
         """``POST /dlq/{id}/discard``."""
@@ -308,18 +309,7 @@ class DlqConsole:
         except DlqError as exc:
             if _wants_json(request) or isinstance(exc, DlqNotFound):
                 raise
-            current = self.store.get(dlq_id)
-            return web.Response(
-                text=_detail_html(
-                    current,
-                    self.store.reinjections_of(current),
-                    self.store.max_reinjections,
-                    error=str(exc),
-                    user=user,
-                ),
-                status=409,
-                content_type="text/html",
-            )
+            return self._refused(dlq_id, exc, user)
         if _wants_json(request):
             return _json(entry.summary())
         return _redirect(f"/dlq/{dlq_id}?done=discarded")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.auth import AuthenticationFailed, NonceCache, verify_headers
 from app.metrics import HTTP_REQUESTS
-from app.partitioner import partition_for
+from app.partitioner import partition_for, record_key
 from app.settings import Settings
 from schemas.violations import to_schema_violation
 
@@ -158,3 +159,30 @@ async def answer_at_owner(
     if is_local(app, owner):
         return None
     return await forward_to(owner, request, body, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRequest:
+    """A signed request about one record: its body, record id and key, and whether a peer
+    worker forwarded it."""
+
+    body: bytes
+    record_id: int
+    key: bytes
+    forwarded: bool
+
+
+async def record_request(
+    request: web.Request, avcc_record_id: str, settings: Settings, *, route: str
+) -> RecordRequest | web.Response:
+    """Authenticate a ``/v1/.../{avcc_record_id}`` request and parse its id; the error answer
+    (401, 400) instead when it is refused."""
+    body = await request.read()
+    forwarded = is_forwarded(request, settings)
+    denied = await authorize(request, body, settings, route=route, forwarded=forwarded)
+    if denied is not None:
+        return denied
+    if not avcc_record_id.isdigit():
+        return json_error(400, "avcc_record_id: must be a decimal integer", route, str(request.method))
+    record_id = int(avcc_record_id)
+    return RecordRequest(body, record_id, record_key(record_id), forwarded)
