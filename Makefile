@@ -18,8 +18,8 @@ run: venv  ## the whole local stack: embedded broker + chDB + every agent group 
 	$(VENV)/bin/avcc dev
 
 lint:  ## ruff lint + format check
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check --no-cache .
+	$(VENV)/bin/ruff format --no-cache --check .
 
 typecheck:  ## mypy (strict on the packages)
 	$(VENV)/bin/mypy

@@ -12,7 +12,6 @@ import uuid
 from typing import Any
 
 import orjson
-from app.web import install_common_views
 
 from app.errors import BusinessRuleViolation
 from app.faust_app import get_app
@@ -21,6 +20,7 @@ from app.partitioner import record_key
 from app.runtime import Effects, GroupRuntime, Outgoing, now_ms
 from app.settings import get_settings
 from app.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
+from app.web import install_common_views
 from schemas.chain import ChainTxConfirmed, ChainTxPending, EvidencePayload
 from schemas.envelope import Envelope, make_envelope
 from schemas.review import ReviewTaskFinished

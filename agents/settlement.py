@@ -13,7 +13,6 @@ from typing import Any
 import faust
 import orjson
 from aiohttp import web
-from app.web import install_common_views
 from pydantic import Field
 
 from app.faust_app import get_app
@@ -21,6 +20,7 @@ from app.http import BadRequest, authorize, json_error, json_response, parse_bod
 from app.runtime import Effects, GroupRuntime, Outgoing, now_ms
 from app.settings import get_settings
 from app.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING
+from app.web import install_common_views
 from schemas.chain import ChainTxConfirmed, ChainTxPending, SettlementInstruction
 from schemas.envelope import Envelope, make_envelope
 from schemas.types import ContractModel, Identifier, RecordId
