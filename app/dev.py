@@ -24,6 +24,10 @@ from app.settings import Settings, get_settings
 
 __all__ = ["run_dev_stack"]
 
+#: A group that exits is restarted, unless it exited this often within the window.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
+
 log = logging.getLogger("avcc.dev")
 
 BANNER = """
@@ -92,9 +96,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
         logs.mkdir(exist_ok=True)
         env = _child_env(settings)
         for group in groups:
-            out = (logs / f"{group.name}.log").open("ab")
-            cmd = [sys.executable, "-m", "app", "worker", group.name]
-            child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=Path.cwd())
+            child = _start_group(group, env, logs)
             children.append((group, child))
             log.info(
                 "started group %s (pid %d, web port %d, log %s)",
@@ -113,11 +115,23 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
             ),
             flush=True,
         )
+        restarts: dict[str, list[float]] = {}
         while not stopping:
-            for group, child in children:
-                if child.poll() is not None:
-                    log.error("group %s exited with %s; stopping the stack", group.name, child.returncode)
+            for n, (group, child) in enumerate(children):
+                if child.poll() is None:
+                    continue
+                recent = [t for t in restarts.get(group.name, []) if time.monotonic() - t < RESTART_WINDOW_S]
+                if len(recent) >= MAX_RESTARTS:
+                    log.error(
+                        "group %s keeps exiting (last status %s); stopping the stack",
+                        group.name,
+                        child.returncode,
+                    )
                     stopping = True
+                    break
+                log.warning("group %s exited with %s; restarting it", group.name, child.returncode)
+                restarts[group.name] = [*recent, time.monotonic()]
+                children[n] = (group, _start_group(group, env, logs))
             time.sleep(0.5)
         return 0
     finally:
@@ -125,6 +139,13 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
         if broker is not None:
             broker.stop()
         log.info("dev stack stopped")
+
+
+def _start_group(group: GroupSpec, env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
+    """Start one group's worker, logging to ``logs/GROUP.log``."""
+    out = (logs / f"{group.name}.log").open("ab")
+    cmd = [sys.executable, "-m", "app", "worker", group.name]
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=Path.cwd())
 
 
 def _stop_children(children: list[tuple[GroupSpec, subprocess.Popen[bytes]]]) -> None:

@@ -88,6 +88,11 @@ class Settings(BaseSettings):
         None, description="Alertmanager-compatible webhook for P2 alerts (log sink always on)."
     )
     alert_dedup_window_s: float = Field(300.0, description="Same group+error alerts merge window.")
+    worker_stall_s: float = Field(
+        120.0,
+        description="A faust worker whose assigned partitions keep lag while their committed "
+        "offsets do not move for this long exits (status 70) to be restarted; 0 disables.",
+    )
     log_level: str = Field("INFO", description="Log level of workers.")
 
     @field_validator("avcc_org", "avcc_node")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -31,6 +32,7 @@ from app.faust_app import consumer_group_id
 from app.lag import LagSettings, OffsetReader, PartitionOffsets
 from app.metrics import CONSUMER_LAG, LAG_MONITOR_ERRORS, REGISTRY
 from app.settings import Settings, get_settings
+from app.watchdog import StallWatchdog, exit_stalled
 
 __all__ = [
     "METRICS_CONTENT_TYPE",
@@ -220,8 +222,11 @@ class WorkerLagExporter:
             self._reader = None
 
 
-def _exporter_service(exporter: WorkerLagExporter, interval_s: float) -> type[Any]:
-    """A mode Service class (``app.service`` instantiates it) running ``exporter`` periodically."""
+def _exporter_service(
+    exporter: WorkerLagExporter, interval_s: float, watchdog: StallWatchdog | None = None
+) -> type[Any]:
+    """A mode Service class (``app.service`` instantiates it) running ``exporter`` periodically,
+    and the stall ``watchdog`` on its readings."""
 
     class WorkerLagExportService(Service):
         """Exports this worker's consumer lag every ``interval_s`` seconds."""
@@ -229,7 +234,11 @@ def _exporter_service(exporter: WorkerLagExporter, interval_s: float) -> type[An
         @Service.task
         async def _export(self) -> None:
             while not self.should_stop:
-                await exporter.export_once()
+                rows = await exporter.export_once()
+                if watchdog is not None and rows:
+                    stalled = watchdog.observe(rows, time.monotonic())
+                    if stalled:
+                        exit_stalled(exporter.group_id, stalled, watchdog.stall_s)
                 await self.sleep(interval_s)
 
         async def on_stop(self) -> None:
@@ -295,5 +304,9 @@ def install_common_views(
         config = lag_config if lag_config is not None else LagSettings()
         exporter = WorkerLagExporter(app, group, config=config, assignment=assignment)
         state.exporter = exporter
-        app.service(_exporter_service(exporter, config.export_interval_s))
+        # the watchdog guards faust's consumer; groups with their own consumer (sink, anomaly,
+        # retry) pause on purpose (e.g. during a ClickHouse outage) and handle their clients
+        stall_s = get_settings().worker_stall_s
+        watchdog = StallWatchdog(stall_s) if assignment is None and stall_s > 0 else None
+        app.service(_exporter_service(exporter, config.export_interval_s, watchdog))
     return state

@@ -169,7 +169,9 @@ def core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> I
     root = tmp_path_factory.mktemp("core-stack")
     settings = Settings(kafka_url=f"kafka://{stack_broker.bootstrap}")
     apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
-    stack = Stack(stack_broker.bootstrap, root)
+    # a worker whose consumer stalls (seen after a broker restart) exits and is restarted
+    stack = Stack(stack_broker.bootstrap, root, env={"AVCC_WORKER_STALL_S": "45"})
     stack.start(*CORE_GROUPS)
+    stack.supervise()
     yield stack
     stack.stop_all()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -37,6 +38,8 @@ class Stack:
         self.root = root
         self.workers: dict[tuple[str, int], ManagedProcess] = {}
         self.ports: dict[tuple[str, int], int] = {}
+        self.stopped: set[tuple[str, int]] = set()
+        self._supervising = threading.Event()
         base = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
         self.env: dict[str, str] = {
             **base,
@@ -74,6 +77,7 @@ class Stack:
     def start(self, *groups: str, index: int = 0) -> None:
         """Start workers and wait until each reports ``/ready``."""
         for group in groups:
+            self.stopped.discard((group, index))
             self.worker(group, index).start(wait=False)
         for group in groups:
             self.worker(group, index).wait_ready()
@@ -86,8 +90,29 @@ class Stack:
         """The worker's data dir (RocksDB tables, ledger)."""
         return self.root / f"{group}-{index}"
 
+    def stop(self, group: str, index: int = 0) -> None:
+        """Stop a worker on purpose (the supervisor leaves it stopped)."""
+        self.stopped.add((group, index))
+        self.worker(group, index).stop()
+
+    def supervise(self) -> None:
+        """Restart, like a supervisor would, every worker that exits without being stopped
+        (crashes, SIGKILLs, the stall watchdog). Runs in a daemon thread until stop_all."""
+        self._supervising.set()
+
+        def loop() -> None:
+            while self._supervising.is_set():
+                for key, process in list(self.workers.items()):
+                    if key not in self.stopped and process.returncode is not None:
+                        process.start(wait=False)
+                time.sleep(1.0)
+
+        threading.Thread(target=loop, name="stack-supervisor", daemon=True).start()
+
     def stop_all(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after the stop timeout)."""
+        self._supervising.clear()
+        self.stopped.update(self.workers)
         for process in self.workers.values():
             process.stop()
 

@@ -98,7 +98,7 @@ async def test_sigkilled_workers_lose_and_duplicate_nothing(core_stack: Stack, s
                 break
             await asyncio.sleep(1)
         assert committed_lag(core_stack.bootstrap, group, APPLY_CREATED.name) == 0
-    core_stack.worker("review", 1).stop()
+    core_stack.stop("review", 1)
 
 
 # Apache Kafka only: Tansu (the dev broker) keeps messages in memory, a restart loses them by design.

@@ -54,8 +54,7 @@ async def test_review_lag_alert_fires_then_resolves(core_stack: Stack, stack_bro
     settings = Settings(kafka_url=f"kafka://{core_stack.bootstrap}")
     config = LagSettings(interval_s=1.0, window_s=60.0)
     monitor = LagMonitor(settings, config, sinks=[])
-    review = core_stack.worker("review", 0)
-    review.stop()
+    core_stack.stop("review")
     try:
         queue_applications(core_stack.bootstrap, QUEUED)
         queued_at = time.monotonic()
@@ -68,7 +67,7 @@ async def test_review_lag_alert_fires_then_resolves(core_stack: Stack, stack_bro
         assert fired[0].lag > 1000
         assert fired[0].rule.scale_group == "review" and "scale out" in fired[0].rule.action
     finally:
-        review.start()
+        core_stack.start("review")
 
     resolved: list[AlertEvent] = []
     started = time.monotonic()
