@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from app.settings import Settings
@@ -102,9 +103,18 @@ def apply_plan(
             ],
             operation_timeout=_TIMEOUT_S,
         )
+        raced: list[str] = []
         for name, future in futures.items():
-            future.result(timeout=_TIMEOUT_S)
-            report.created.append(name)
+            try:
+                future.result(timeout=_TIMEOUT_S)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+                raced.append(name)  # created meanwhile, or metadata lagged: verify it below
+            else:
+                report.created.append(name)
+        if raced:
+            existing.update(describe_topics(settings, raced))
 
     for spec in specs:
         if spec.name not in existing:

@@ -96,10 +96,19 @@ def consume(bootstrap: str, topic: str, group: str, expected: int, timeout: floa
 
 
 def committed_total(bootstrap: str, topic: str, group: str, partitions: int) -> int:
+    """Committed offsets summed; retried while the coordinator is still loading after a restart
+    (the broker answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS for a few seconds)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
-        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=30))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=30))
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 
