@@ -405,18 +405,21 @@ class SinkLoop:
         started = time.perf_counter()
         playback_topic = self.topics.playback
         anomaly_topic = self.topics.anomaly
+        total = len(messages)
+        if not total:
+            return
         if not batch.messages:
             batch.started = time.monotonic()
-        total = len(messages)
+        get = _getters(messages)
         if (
-            list(map(_TOPIC_OF, messages)).count(playback_topic) == total
-            and list(map(_ERROR_OF, messages)).count(None) == total
+            list(map(get.topic, messages)).count(playback_topic) == total
+            and list(map(get.error, messages)).count(None) == total
         ):
             playback, n_anomaly, n_other = messages, 0, 0  # the usual chunk: playback events only
         else:
             playback, n_anomaly, n_other = self._sort_out(batch, messages)
         if playback:
-            self._add_playback(batch, playback)
+            self._add_playback(batch, playback, get)
         n_playback = len(playback)
         count = n_playback + n_anomaly + n_other
         if count:
@@ -456,39 +459,46 @@ class SinkLoop:
                 log.warning("sink got a message of unexpected topic %s; skipped", topic)
         return playback, n_anomaly, n_other
 
-    def _add_playback(self, batch: _Batch, messages: list[Message]) -> None:
-        """Playback messages into the batch: a whole chunk column-wise when it is all valid
-        (the usual case), else one by one (the schema explains each refusal: DLQ)."""
+    def _add_playback(self, batch: _Batch, messages: list[Message], get: _Getters) -> None:
+        """Playback messages into the batch, :data:`_DECODE_CHUNK` at a time: column-wise when the
+        whole slice is valid (the usual case), else one by one (the schema explains refusals)."""
         playback_topic = self.topics.playback
-        partitions = list(map(_PARTITION_OF, messages))
-        offsets = list(map(_OFFSET_OF, messages))
+        partitions = list(map(get.partition, messages))
+        offsets = list(map(get.offset, messages))
         # Offsets ascend within a partition: the last pair per partition wins, first by reversal.
         batch.last.setdefault(playback_topic, {}).update(zip(partitions, offsets, strict=True))
         pb_first = batch.first.setdefault(playback_topic, {})
         for partition, offset in dict(zip(reversed(partitions), reversed(offsets), strict=True)).items():
             pb_first.setdefault(partition, offset)
-        values = list(map(_VALUE_OF, messages))
-        documents: list[Any] | None
-        try:
-            documents = list(map(orjson.loads, values))
-        except (orjson.JSONDecodeError, TypeError):
-            documents = None
+        values = list(map(get.value, messages))
         block = batch.playback
-        if documents is not None and block.add_documents(documents, partitions, offsets):
-            return
+        add_documents = block.add_documents
         loads = orjson.loads
         decode_error = orjson.JSONDecodeError
-        for index, msg in enumerate(messages):
-            row: ParsedPlayback | None
+        # Slices small enough for the decoded documents to stay in the CPU cache while they are
+        # checked column by column (measured: 512 -> ~3 us/event, 10k -> ~7 us/event).
+        for start in range(0, len(values), _DECODE_CHUNK):
+            end = start + _DECODE_CHUNK
+            documents: list[Any] | None
             try:
-                row = parse_playback(documents[index] if documents is not None else loads(values[index]))
+                documents = list(map(loads, values[start:end]))
             except (decode_error, TypeError):
-                row = None
-            if row is None:
-                row = self._slow_playback(batch, msg)
+                documents = None
+            if documents is not None and add_documents(documents, partitions[start:end], offsets[start:end]):
+                continue
+            for index in range(start, min(end, len(values))):
+                row: ParsedPlayback | None
+                try:
+                    row = parse_playback(
+                        documents[index - start] if documents is not None else loads(values[index])
+                    )
+                except (decode_error, TypeError):
+                    row = None
                 if row is None:
-                    continue
-            block.add(row, partitions[index], offsets[index])
+                    row = self._slow_playback(batch, messages[index])
+                    if row is None:
+                        continue
+                block.add(row, partitions[index], offsets[index])
 
     def _consumer_error(self, msg: Message) -> None:
         err = msg.error()
@@ -692,11 +702,33 @@ class SinkLoop:
         SINK_PENDING_MESSAGES.labels(GROUP).set(0)
 
 
-_TOPIC_OF: Final = methodcaller("topic")
-_ERROR_OF: Final = methodcaller("error")
-_PARTITION_OF: Final = methodcaller("partition")
-_OFFSET_OF: Final = methodcaller("offset")
-_VALUE_OF: Final = methodcaller("value")
+#: Playback messages decoded and checked together (see ``SinkLoop._add_playback``).
+_DECODE_CHUNK: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class _Getters:
+    """Per-message accessors applied with ``map`` over a whole consume() result."""
+
+    topic: Callable[[Any], Any]
+    error: Callable[[Any], Any]
+    partition: Callable[[Any], Any]
+    offset: Callable[[Any], Any]
+    value: Callable[[Any], Any]
+
+
+#: confluent-kafka's own method descriptors (~3x cheaper than ``methodcaller`` under ``map``).
+_MESSAGE_GETTERS: Final = _Getters(
+    Message.topic, Message.error, Message.partition, Message.offset, Message.value
+)
+#: Any other message-like object (test doubles).
+_DUCK_GETTERS: Final = _Getters(
+    *(methodcaller(name) for name in ("topic", "error", "partition", "offset", "value"))
+)
+
+
+def _getters(messages: list[Message]) -> _Getters:
+    return _MESSAGE_GETTERS if type(messages[0]) is Message else _DUCK_GETTERS
 
 
 def _event_id_of(value: bytes) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
+from app.errors import TopicPlanDrift
 from app.settings import Settings
 from app.topics import TOPIC_PLAN, TopicSpec
 
@@ -71,6 +73,19 @@ def describe_topics(settings: Settings, names: Iterable[str]) -> dict[str, dict[
     return result
 
 
+def _describe_when_visible(settings: Settings, names: list[str], wait_s: float = 15.0) -> dict[str, Any]:
+    """Describe topics that exist but may not be in the metadata yet (right after creation)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = describe_topics(settings, names)
+        if len(found) == len(names) or time.monotonic() > deadline:
+            missing = sorted(set(names) - set(found))
+            if missing:
+                raise TopicPlanDrift(f"topics reported as existing but not visible in metadata: {missing}")
+            return found
+        time.sleep(0.5)
+
+
 def apply_plan(
     settings: Settings,
     plan: Iterable[TopicSpec] = TOPIC_PLAN,
@@ -114,7 +129,7 @@ def apply_plan(
             else:
                 report.created.append(name)
         if raced:
-            existing.update(describe_topics(settings, raced))
+            existing.update(_describe_when_visible(settings, raced))
 
     for spec in specs:
         if spec.name not in existing:

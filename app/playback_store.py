@@ -511,20 +511,20 @@ def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
     count = len(documents)
     if not count:
         return [[] for _ in range(_ROW_WIDTH)]
-    if set(map(type, documents)) != {dict} or set(map(len, documents)) != {4}:
-        return None
+    # orjson decodes to dict, list, str, int, float, bool or None: a string-keyed lookup that
+    # succeeds proves a dict (the others raise TypeError), so no separate type pass is needed.
     try:
+        if set(map(len, documents)) != {4}:
+            return None
         event_ids, timestamps, sources = (list(map(get, documents)) for get in _ENVELOPE_FIELDS)
         payloads = list(map(_PAYLOAD_OF, documents))
-        if set(map(type, payloads)) != {dict}:
-            return None
         codes, nodes, users, kinds, durations, revenues = (
             list(map(get, payloads)) for get in _PAYLOAD_FIELDS
         )
         if not set(kinds) <= _EVENT_TYPES:
             return None
         distinct_revenues = set(revenues)
-    except (KeyError, TypeError):  # a missing field; an unhashable value
+    except (KeyError, TypeError):  # a missing field; not a dict; an unhashable value
         return None
     if not (
         _all_fixed(event_ids, _UUID_TEMPLATE)
