@@ -117,7 +117,8 @@ def worker(ctx: click.Context, group: str) -> None:
     if "--web-host" not in args and "-h" not in args:
         args += ["--web-host", settings.web_host]
     if "-l" not in args and "--loglevel" not in args:
-        args += ["-l", settings.log_level.lower()]
+        level = settings.log_level.lower()
+        args += ["-l", {"warning": "warn", "critical": "crit"}.get(level, level)]
     sys.argv = [f"avcc-{group}", "worker", *args]
     app.main()
 

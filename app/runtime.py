@@ -17,6 +17,7 @@ faust commits the input offset only after this returns and the changelog is flus
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -55,6 +56,7 @@ __all__ = [
     "HEADER_TARGET_GROUP",
     "Effects",
     "GroupRuntime",
+    "KeyedConcurrency",
     "Outgoing",
     "header_value",
     "now_ms",
@@ -397,3 +399,44 @@ def _qualname(exc: BaseException) -> str:
 
 def _stack(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
+
+
+class KeyedConcurrency:
+    """Processes a stream's events concurrently while keeping per-key order.
+
+    Events of one key run one after the other; events of different keys overlap, up to
+    ``limit`` at once. Each event is acked only once its processing finished, so faust commits
+    an offset only when every event before it in the partition is done (at-least-once holds).
+    Used where one event waits on something slow but batchable (a chain block).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._tails: dict[bytes | None, asyncio.Task[None]] = {}
+
+    async def run(self, stream: Any, work: Callable[[Any], Awaitable[None]]) -> None:
+        """Consume ``stream`` (created with ``.noack()``) until it ends."""
+        async for event in stream.events():
+            await self._slots.acquire()
+            key = event.message.key
+            previous = self._tails.get(key)
+            task = asyncio.create_task(self._one(stream, event, work, previous))
+            self._tails[key] = task
+            task.add_done_callback(functools.partial(self._forget, key))
+
+    async def _one(
+        self, stream: Any, event: Any, work: Callable[[Any], Awaitable[None]], previous: Any
+    ) -> None:
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await work(event)
+            await stream.ack(event)
+        except Exception:  # left unacked: its offset is never committed, so it is redelivered
+            log.exception("processing failed outside the error policy; the event stays unacked")
+        finally:
+            self._slots.release()
+
+    def _forget(self, key: bytes | None, task: asyncio.Task[None]) -> None:
+        if self._tails.get(key) is task:
+            del self._tails[key]
