@@ -145,7 +145,7 @@ def main() -> int:
         "--rate",
         type=float,
         default=20.0,
-        help="applications per second (the core groups saturate near 50/s on 2 cores: latency then is queueing)",
+        help="applications per second (the core groups saturate near 50/s on 2 cores)",
     )
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded Tansu")
     args = parser.parse_args()
