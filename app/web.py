@@ -165,7 +165,8 @@ class WorkerLagExporter:
         return self._reader
 
     def assigned(self) -> list[tuple[str, int]]:
-        """Source partitions assigned to this worker (changelogs and faust's leader topic excluded)."""
+        """Source partitions assigned to this worker (changelogs, the reply topic and faust's leader
+        topic excluded)."""
         if self._assignment is not None:
             try:
                 return sorted(set(self._assignment()))
@@ -179,6 +180,7 @@ class WorkerLagExporter:
         except Exception:  # consumer not started (yet): nothing assigned
             return []
         skip: set[str] = set(self.app.tables.changelog_topics)
+        skip.add(str(self.app.conf.reply_to))  # replies are never committed (ack-free topic)
         skip |= set(getattr(consumer, "randomly_assigned_topics", ()) or ())
         return sorted(
             (tp.topic, tp.partition)

@@ -31,3 +31,26 @@ def test_revoked_partitions_are_forgotten() -> None:
     dog.observe([row(0, 10, 4), row(1, 10, 4)], now=0)
     dog.observe([row(1, 10, 4)], now=10)
     assert dog.observe([row(0, 10, 4), row(1, 10, 4)], now=50) == [("topic.chain.tx.pending", 1)]
+
+
+def test_the_reply_topic_is_not_a_source_partition() -> None:
+    """Regression: the ack-free reply topic is never committed, so its lag never moves; the
+    watchdog took that for a stall and restarted the code worker every 45 s."""
+    from faust.types import TP
+
+    from app.faust_app import get_app
+    from app.web import WorkerLagExporter
+
+    app = get_app("code")
+    exporter = WorkerLagExporter(app, "code")
+    reply = str(app.conf.reply_to)
+
+    class FakeConsumer:
+        def assignment(self) -> set[TP]:
+            return {TP(reply, 0), TP("topic.avcc.apply.created", 1)}
+
+    app._consumer = FakeConsumer()
+    try:
+        assert exporter.assigned() == [("topic.avcc.apply.created", 1)]
+    finally:
+        del app._consumer
