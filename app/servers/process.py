@@ -172,6 +172,7 @@ class ManagedProcess:
         self.die_with_parent = die_with_parent
         self.diagnostic_logs = list(diagnostic_logs)
         self._popen: subprocess.Popen[bytes] | None = None
+        self._start_lock = threading.Lock()
         self.started_at: float | None = None
         self.ready_after: float | None = None
 
@@ -202,10 +203,8 @@ class ManagedProcess:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def start(self, *, wait: bool = True) -> None:
-        """Launch the process (no-op if running) and, by default, wait until it is ready."""
-        if self.running:
-            return
+    def _launch(self) -> None:
+        """Spawn the process (the caller holds the start lock)."""
         exe = self.argv[0]
         if os.sep in exe and not os.access(exe, os.X_OK):
             raise ServerNotInstalled(f"{self.name}: {exe} is not an executable file")
@@ -233,6 +232,16 @@ class ManagedProcess:
         self.ready_after = None
         with _live_lock:
             _live.add(self)
+
+    def start(self, *, wait: bool = True) -> None:
+        """Launch the process (no-op if running) and, by default, wait until it is ready.
+
+        Atomic: two threads starting the same process (a supervisor and a test) launch it once.
+        """
+        with self._start_lock:
+            if self.running:
+                return
+            self._launch()
         if wait:
             try:
                 self.wait_ready()
