@@ -408,6 +408,7 @@ def fake_app(assignment: set[Any] | None, *, completed: bool = True, agents: boo
         in_recovery=False,
         agents={"a": 1} if agents else {},
         tables=tables,
+        conf=SimpleNamespace(reply_to="avcc-x-replies"),
         _consumer=FakeConsumer(assignment),
     )
 
@@ -457,6 +458,7 @@ async def test_worker_exporter_exports_only_its_source_partitions_and_drops_revo
             tp("src-unit", 3),
             tp("avcc-x-t-changelog", 0),
             tp("avcc-x-__assignor-__leader", 0),
+            tp("avcc-x-replies", 0),
         }
     )
     calls: list[tuple[str, list[tuple[str, int]]]] = []
