@@ -17,11 +17,21 @@ from typing import Any
 
 import aiohttp
 import orjson
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.auth import sign_request
 from app.servers.process import ManagedProcess, free_port
 
-__all__ = ["API_KEY", "API_SECRET", "CORE_GROUPS", "Stack", "application", "record_when", "wait_for"]
+__all__ = [
+    "API_KEY",
+    "API_SECRET",
+    "CORE_GROUPS",
+    "Stack",
+    "application",
+    "create_topic",
+    "record_when",
+    "wait_for",
+]
 
 CORE_GROUPS = ("code", "review", "chain", "settlement")
 
@@ -193,3 +203,22 @@ async def record_when(stack: Stack, record_id: int, done: Any, wait_s: float = 6
             return dict(last)
         await asyncio.sleep(0.2)
     raise AssertionError(f"record {record_id} never reached the state; last={last}\n{stack.logs()}")
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
+    """Create ``topic`` and wait until every partition has a leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=1)
+    admin.create_topics([new], operation_timeout=30)[topic].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if (
+            meta is not None
+            and meta.error is None
+            and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"topic {topic} has no leaders after 30s")

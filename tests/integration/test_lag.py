@@ -16,13 +16,13 @@ from typing import Protocol
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.alerts import Alert
 from app.lag import LagMonitor, LagReport, LagRule, LagSettings, OffsetReader
 from app.metrics import REGISTRY
 from app.servers import ManagedProcess, free_port
 from app.settings import Settings
+from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -40,25 +40,6 @@ class BrokerHandle(Protocol):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(
-        timeout=30
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-        if (
-            meta is not None
-            and meta.error is None
-            and len(meta.partitions) == partitions
-            and all(p.leader >= 0 for p in meta.partitions.values())
-        ):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"topic {topic} has no leaders after 30s")
 
 
 def produce(bootstrap: str, topic: str, count: int) -> None:

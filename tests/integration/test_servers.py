@@ -16,9 +16,10 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from app.servers import ClickHouseServer, KafkaKRaftBroker, TansuBroker
+from tests.integration.stack import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -33,24 +34,6 @@ class BrokerHandle(Protocol):
 
 
 N_MESSAGES = 100
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = NewTopic(topic, num_partitions=partitions, replication_factor=1)
-    admin.create_topics([new], operation_timeout=30)[topic].result(timeout=30)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-        if (
-            meta is not None
-            and meta.error is None
-            and len(meta.partitions) == partitions
-            and all(p.leader >= 0 for p in meta.partitions.values())
-        ):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"topic {topic} has no leaders after 30s")
 
 
 def produce(bootstrap: str, topic: str, keys: list[str]) -> None:
