@@ -20,7 +20,7 @@ Event time
     event ids are deduplicated within the open windows.
 
 Rules
-    Pure functions in :mod:`app.anomaly_rules`. The windows of all partitions this worker owns
+    Pure functions in :mod:`app.playback.anomaly.rules`. The windows of all partitions this worker owns
     are merged before evaluation, so with one worker (50k+ events/s per core, see the bench)
     every rule sees the whole stream; with several workers each evaluates its share and the
     findings carry the same deterministic ids (consumers dedup on ``event_id``), but the count
@@ -67,19 +67,12 @@ from confluent_kafka import (
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.anomaly_rules import (
-    RuleConfig,
-    WindowAgg,
-    evaluate_window,
-    merge_baselines,
-    merge_windows,
-    to_anomaly,
-    update_baseline,
-)
-from app.errors import DependencyUnavailable
-from app.faust_app import consumer_group_id, get_app
-from app.groups import group_spec
-from app.metrics import (
+from app.platform.errors import DependencyUnavailable
+from app.platform.faust.app import consumer_group_id, get_app
+from app.platform.groups import group_spec
+from app.platform.http.views import install_common_views
+from app.platform.kafka.producers import profile_config
+from app.platform.metrics import (
     ANOMALIES,
     ANOMALY_CHECKPOINT_SECONDS,
     ANOMALY_LATE_EVENTS,
@@ -89,10 +82,17 @@ from app.metrics import (
     EVENTS_IN,
     EVENTS_OUT,
 )
-from app.producers import profile_config
-from app.settings import Settings, get_settings
-from app.topics import ANOMALY, PLAYBACK_EVENT
-from app.web import install_common_views
+from app.platform.settings import Settings, get_settings
+from app.platform.topics import ANOMALY, PLAYBACK_EVENT
+from app.playback.anomaly.rules import (
+    RuleConfig,
+    WindowAgg,
+    evaluate_window,
+    merge_baselines,
+    merge_windows,
+    to_anomaly,
+    update_baseline,
+)
 from schemas.codec import dumps
 from schemas.envelope import make_envelope
 from tables.anomaly import (

@@ -13,14 +13,14 @@ from typing import Any
 
 import orjson
 
-from app.errors import BusinessRuleViolation
-from app.faust_app import get_app
-from app.ledger import ChainBackend, LocalLedger, PendingTx
-from app.partitioner import record_key
-from app.runtime import Effects, GroupRuntime, KeyedConcurrency, Outgoing, now_ms
-from app.settings import get_settings
-from app.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
-from app.web import install_common_views
+from app.lifecycle.chain.ledger import ChainBackend, LocalLedger, PendingTx
+from app.platform.errors import BusinessRuleViolation
+from app.platform.faust.app import get_app
+from app.platform.faust.runtime import Effects, GroupRuntime, KeyedConcurrency, Outgoing, now_ms
+from app.platform.http.views import install_common_views
+from app.platform.kafka.partitioner import record_key
+from app.platform.settings import get_settings
+from app.platform.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
 from schemas.chain import ChainTxConfirmed, ChainTxPending, EvidencePayload
 from schemas.envelope import Envelope, make_envelope
 from schemas.review import ReviewTaskFinished

@@ -19,8 +19,10 @@ import faust
 import orjson
 from aiohttp import web
 
-from app.faust_app import get_app
-from app.http import (
+from app.lifecycle.code.records import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
+from app.platform.faust.app import get_app
+from app.platform.faust.runtime import Effects, GroupRuntime, Outgoing, header_value, now_ms
+from app.platform.http.routing import (
     BadRequest,
     answer_at_owner,
     authorize,
@@ -29,18 +31,16 @@ from app.http import (
     parse_body,
     record_request,
 )
-from app.lifecycle import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
-from app.partitioner import record_key
-from app.runtime import Effects, GroupRuntime, Outgoing, header_value, now_ms
-from app.settings import get_settings
-from app.topics import (
+from app.platform.http.views import install_common_views
+from app.platform.kafka.partitioner import record_key
+from app.platform.settings import get_settings
+from app.platform.topics import (
     APPLY_CREATED,
     CHAIN_TX_CONFIRMED,
     CODE_CLAIMS,
     CODE_REVIEW_FINISHED,
     REVIEW_TASK_FINISHED,
 )
-from app.web import install_common_views
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed

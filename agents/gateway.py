@@ -1,6 +1,6 @@
 """Gateway group: ``POST /v1/playback/events`` -> ``topic.playback.event`` (seed 9.2.4).
 
-A partner posts a batch of playback reports, signed with HMAC (:mod:`app.auth`), as a JSON
+A partner posts a batch of playback reports, signed with HMAC (:mod:`app.platform.http.auth`), as a JSON
 array (``Content-Type: application/json``) or as NDJSON (``application/x-ndjson``, one object
 per non-empty line). Each item is validated against :class:`schemas.playback.PlaybackEvent`;
 valid items are wrapped in an envelope and produced with the playback profile (acks=1,
@@ -44,7 +44,9 @@ from confluent_kafka import KafkaException
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.auth import (
+from app.platform.faust.app import get_app
+from app.platform.groups import group_spec
+from app.platform.http.auth import (
     AuthenticationFailed,
     NonceCache,
     PayloadTooLarge,
@@ -53,13 +55,11 @@ from app.auth import (
     json_response,
     read_body,
 )
-from app.faust_app import get_app
-from app.groups import group_spec
-from app.metrics import EVENTS_OUT, HTTP_REQUESTS, INGEST_ITEMS
-from app.producers import EventProducer
-from app.settings import Settings, get_settings
-from app.topics import PLAYBACK_EVENT
-from app.web import install_common_views
+from app.platform.http.views import install_common_views
+from app.platform.kafka.producers import EventProducer
+from app.platform.metrics import EVENTS_OUT, HTTP_REQUESTS, INGEST_ITEMS
+from app.platform.settings import Settings, get_settings
+from app.platform.topics import PLAYBACK_EVENT
 from schemas.playback import PlaybackEvent
 from schemas.types import format_money
 from schemas.violations import to_schema_violation

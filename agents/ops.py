@@ -14,11 +14,11 @@ import logging
 import faust
 from mode import Service
 
-from app.console import install_console
-from app.faust_app import get_app
-from app.lag import LagMonitor, LagSettings, print_lag_table, render_lag_html
-from app.settings import get_settings
-from app.web import install_common_views
+from app.ops.dlq.console import install_console
+from app.ops.lag.monitor import LagMonitor, LagSettings, print_lag_table, render_lag_html
+from app.platform.faust.app import get_app
+from app.platform.http.views import install_common_views
+from app.platform.settings import get_settings
 
 __all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor", "print_lag_table"]
 

@@ -1,7 +1,7 @@
 """retry group (retry-svc): the delayed redelivery of ``topic.system.retry`` (seed 9.3.3 step 2).
 
 A message lands on the retry topic when a group's in-process retries are spent (or when it is
-parked behind such a message of its key, see :mod:`app.runtime`). Its ``avcc-not-before-ms``
+parked behind such a message of its key, see :mod:`app.platform.faust.runtime`). Its ``avcc-not-before-ms``
 header says when it may be retried. :class:`RetryForwarder` reads the retry topic with a
 confluent-kafka consumer (manual commits) in a dedicated thread and, per partition, in order:
 
@@ -28,13 +28,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from mode import Service
 
-from app.faust_app import consumer_group_id, get_app
-from app.metrics import RETRY_REDELIVERED, RETRY_REDELIVERY_LATENESS, RETRY_WAITING_PARTITIONS
-from app.producers import EventProducer
-from app.runtime import HEADER_TARGET_GROUP, header_value, now_ms
-from app.settings import Settings, get_settings
-from app.topics import DLQ, RETRY
-from app.web import install_common_views
+from app.platform.faust.app import consumer_group_id, get_app
+from app.platform.faust.runtime import HEADER_TARGET_GROUP, header_value, now_ms
+from app.platform.http.views import install_common_views
+from app.platform.kafka.producers import EventProducer
+from app.platform.metrics import RETRY_REDELIVERED, RETRY_REDELIVERY_LATENESS, RETRY_WAITING_PARTITIONS
+from app.platform.settings import Settings, get_settings
+from app.platform.topics import DLQ, RETRY
 from schemas.system import header_name
 
 __all__ = ["HEADER_NOT_BEFORE", "RetryForwarder", "RetryService", "app", "due_at"]

@@ -15,9 +15,11 @@ import faust
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.errors import BusinessRuleViolation
-from app.faust_app import get_app
-from app.http import (
+from app.lifecycle.review.rules import ReviewConfig, review_application
+from app.platform.errors import BusinessRuleViolation
+from app.platform.faust.app import get_app
+from app.platform.faust.runtime import Effects, GroupRuntime, Outgoing, now_ms
+from app.platform.http.routing import (
     BadRequest,
     answer_at_owner,
     authorize,
@@ -26,16 +28,13 @@ from app.http import (
     parse_body,
     record_request,
 )
-from app.partitioner import record_key
-from app.review_rules import ReviewConfig, review_application
-from app.runtime import Effects, GroupRuntime, Outgoing, now_ms
-from app.settings import get_settings
-from app.topics import APPLY_CREATED, REVIEW_DECISIONS, REVIEW_TASK_FINISHED
-from app.web import install_common_views
+from app.platform.http.views import install_common_views
+from app.platform.kafka.partitioner import record_key
+from app.platform.settings import get_settings
+from app.platform.topics import APPLY_CREATED, REVIEW_DECISIONS, REVIEW_TASK_FINISHED
 from schemas.apply import ApplyCreated
 from schemas.decision import HumanDecision, HumanDecisionRequest
-from schemas.envelope import Envelope, make_envelope
-from schemas.registry import encode_event
+from schemas.envelope import Envelope, encode_event, make_envelope
 from schemas.review import ReviewTaskFinished
 from tables.review import tasks
 

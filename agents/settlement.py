@@ -15,12 +15,12 @@ import orjson
 from aiohttp import web
 from pydantic import Field
 
-from app.faust_app import get_app
-from app.http import BadRequest, authorize, json_error, json_response, parse_body
-from app.runtime import Effects, GroupRuntime, Outgoing, now_ms
-from app.settings import get_settings
-from app.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING
-from app.web import install_common_views
+from app.platform.faust.app import get_app
+from app.platform.faust.runtime import Effects, GroupRuntime, Outgoing, now_ms
+from app.platform.http.routing import BadRequest, authorize, json_error, json_response, parse_body
+from app.platform.http.views import install_common_views
+from app.platform.settings import get_settings
+from app.platform.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING
 from schemas.chain import ChainTxConfirmed, ChainTxPending, SettlementInstruction
 from schemas.envelope import Envelope, make_envelope
 from schemas.types import ContractModel, Identifier, RecordId

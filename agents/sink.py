@@ -49,11 +49,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.auth import json_error, json_response, require_hmac
-from app.clickhouse import ChdbBackend, ClickHouseBackend, connect
-from app.errors import AvccError, DependencyUnavailable, NonRetriableError, RetriableError
-from app.faust_app import consumer_group_id, get_app
-from app.metrics import (
+from app.platform.errors import NON_RETRIABLE, DependencyUnavailable, RetriableError
+from app.platform.faust.app import consumer_group_id, get_app
+from app.platform.http.auth import json_error, json_response, require_hmac
+from app.platform.http.views import install_common_views
+from app.platform.kafka.producers import EventProducer
+from app.platform.metrics import (
     CH_BATCH_ROWS,
     CH_INSERT_FAILURES,
     CH_INSERT_SECONDS,
@@ -69,7 +70,10 @@ from app.metrics import (
     SINK_PENDING_MESSAGES,
     SINK_ROWS_WRITTEN,
 )
-from app.playback_store import (
+from app.platform.settings import Settings, get_settings
+from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.playback.sink.clickhouse import ChdbBackend, ClickHouseBackend, connect
+from app.playback.sink.store import (
     ANOMALY_INSERT_COLUMNS,
     ANOMALY_TABLE,
     PLAYBACK_INSERT_COLUMNS,
@@ -83,12 +87,8 @@ from app.playback_store import (
     playback_row,
     playback_stats,
 )
-from app.producers import EventProducer
-from app.settings import Settings, get_settings
-from app.topics import ANOMALY, DLQ, PLAYBACK_EVENT
-from app.web import install_common_views
+from schemas.envelope import decode_as
 from schemas.playback import PlaybackEvent
-from schemas.registry import decode_as
 from schemas.system import AnomalyDetected, FailureMetadata
 from schemas.types import MAX_EPOCH_MS
 
@@ -512,7 +512,7 @@ class SinkLoop:
         """The fast check refused ``msg``: let the schema decide and explain (DLQ), or accept."""
         try:
             envelope = decode_as(PlaybackEvent, msg.value())
-        except NonRetriableError as exc:
+        except NON_RETRIABLE as exc:
             self._reject(batch, msg, exc)
             return None
         if not self._warned_validator:
@@ -525,12 +525,12 @@ class SinkLoop:
     def _anomaly(self, batch: _Batch, msg: Message) -> None:
         try:
             envelope = decode_as(AnomalyDetected, msg.value())
-        except NonRetriableError as exc:
+        except NON_RETRIABLE as exc:
             self._reject(batch, msg, exc)
             return
         batch.anomalies.add(envelope, msg.partition() or 0, msg.offset() or 0)
 
-    def _reject(self, batch: _Batch, msg: Message, exc: AvccError) -> None:
+    def _reject(self, batch: _Batch, msg: Message, exc: Exception) -> None:
         now_ms = time.time_ns() // 1_000_000
         ts_type, ts = msg.timestamp()
         key = msg.key()

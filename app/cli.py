@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import orjson
 
-from app.topics import TOPIC_PLAN
+from app.platform.topics import TOPIC_PLAN
 
 __all__ = ["main"]
 
@@ -42,9 +42,9 @@ def topics_plan(as_json: bool) -> None:
 @click.option("--grow-partitions", is_flag=True, help="Grow partition counts below the plan (remaps keys!).")
 def topics_apply(grow_partitions: bool) -> None:
     """Create missing topics and verify existing ones; exit 1 on drift that was not fixed."""
-    from app.admin import apply_plan
-    from app.internal_topics import changelog_specs
-    from app.settings import get_settings
+    from app.platform.internal_topics import changelog_specs
+    from app.platform.kafka.admin import apply_plan
+    from app.platform.settings import get_settings
 
     plan = [*TOPIC_PLAN, *changelog_specs()]
     report = apply_plan(get_settings(), plan, grow_partitions=grow_partitions)
@@ -72,9 +72,9 @@ def validate(topic: str, file: click.utils.LazyFile) -> None:
 
     Exit 0 if valid; 1 with a one-line reason naming the field(s) on stderr; 2 on usage errors.
     """
-    from app.errors import NonRetriableError
-    from app.topics import spec_for
-    from schemas.registry import validate_event
+    from app.platform.contracts import validate_event
+    from app.platform.errors import NON_RETRIABLE
+    from app.platform.topics import spec_for
 
     try:
         spec_for(topic)
@@ -83,7 +83,7 @@ def validate(topic: str, file: click.utils.LazyFile) -> None:
     raw = file.read()
     try:
         validate_event(topic, raw)
-    except NonRetriableError as exc:
+    except NON_RETRIABLE as exc:
         click.echo(f"invalid: {exc}", err=True)
         sys.exit(1)
     click.echo("valid")
@@ -94,15 +94,15 @@ def validate(topic: str, file: click.utils.LazyFile) -> None:
 @click.pass_context
 def worker(ctx: click.Context, group: str) -> None:
     """Run the worker of agent GROUP (extra args go to `faust worker`)."""
-    from app.groups import group_spec
-    from app.settings import get_settings
+    from app.platform.groups import group_spec
+    from app.platform.settings import get_settings
 
     try:
         spec = group_spec(group)
     except KeyError as exc:
         raise click.UsageError(str(exc)) from None
-    from app.admin import apply_plan
-    from app.internal_topics import group_app, worker_topics
+    from app.platform.internal_topics import group_app, worker_topics
+    from app.platform.kafka.admin import apply_plan
 
     app = group_app(spec)
     settings = get_settings()
@@ -143,7 +143,7 @@ def chain() -> None:
 @click.option("--path", type=click.Path(path_type=Path), default=None, help="Ledger directory.")
 def chain_verify(path: Path | None) -> None:
     """Re-check every block: hashes, previous-hash links, Merkle roots."""
-    from app.ledger import verify_ledger_cli
+    from app.lifecycle.chain.ledger import verify_ledger_cli
 
     sys.exit(verify_ledger_cli(path))
 
@@ -151,8 +151,8 @@ def chain_verify(path: Path | None) -> None:
 @main.command()
 def lag() -> None:
     """Print consumer lag and Burrow-style status of every group."""
-    from app.lag import print_lag_table
-    from app.settings import get_settings
+    from app.ops.lag.monitor import print_lag_table
+    from app.platform.settings import get_settings
 
     sys.exit(print_lag_table(get_settings()))
 
@@ -169,7 +169,7 @@ def dlq() -> None:
 @click.option("--status", default=None, type=click.Choice(["new", "reinjected", "discarded"]))
 def dlq_list(topic: str | None, group: str | None, error_class: str | None, status: str | None) -> None:
     """List dead letters matching the filters."""
-    from app.dlq_cli import list_cmd
+    from app.ops.dlq.cli import list_cmd
 
     sys.exit(list_cmd(topic=topic, group=group, error_class=error_class, status=status))
 
@@ -178,7 +178,7 @@ def dlq_list(topic: str | None, group: str | None, error_class: str | None, stat
 @click.argument("dlq_id")
 def dlq_show(dlq_id: str) -> None:
     """Show one dead letter: headers, payload, stack trace, audit trail."""
-    from app.dlq_cli import show_cmd
+    from app.ops.dlq.cli import show_cmd
 
     sys.exit(show_cmd(dlq_id))
 
@@ -190,7 +190,7 @@ def dlq_show(dlq_id: str) -> None:
 @click.option("--error-class", default=None, help="Bulk: all new messages of this error class.")
 def dlq_reinject(dlq_ids: tuple[str, ...], operator: str, topic: str | None, error_class: str | None) -> None:
     """Re-inject dead letters into their original topic (same key and event id)."""
-    from app.dlq_cli import reinject_cmd
+    from app.ops.dlq.cli import reinject_cmd
 
     sys.exit(reinject_cmd(list(dlq_ids), operator=operator, topic=topic, error_class=error_class))
 
@@ -201,7 +201,7 @@ def dlq_reinject(dlq_ids: tuple[str, ...], operator: str, topic: str | None, err
 @click.option("--reason", required=True)
 def dlq_discard(dlq_id: str, operator: str, reason: str) -> None:
     """Discard a dead letter with a reason (kept in the audit trail)."""
-    from app.dlq_cli import discard_cmd
+    from app.ops.dlq.cli import discard_cmd
 
     sys.exit(discard_cmd(dlq_id, operator=operator, reason=reason))
 

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from app.admin import apply_plan
-from app.groups import GROUPS, GroupSpec
+from app.platform.groups import GROUPS, GroupSpec
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings, get_settings
 from app.servers.tansu import TansuBroker
-from app.settings import Settings, get_settings
 
 __all__ = ["run_dev_stack"]
 

@@ -28,13 +28,13 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.admin import apply_plan
-from app.auth import sign_request
-from app.internal_topics import changelog_specs
+from app.platform.http.auth import sign_request
+from app.platform.internal_topics import changelog_specs
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings
+from app.platform.topics import TOPIC_PLAN
 from app.servers.process import ManagedProcess, free_port
 from app.servers.tansu import TansuBroker
-from app.settings import Settings
-from app.topics import TOPIC_PLAN
 
 GROUPS = ("code", "review", "chain", "settlement")
 KEY, SECRET = "bench", "bench-secret-0123456789"

@@ -132,7 +132,7 @@ def emit(payload: dict[str, Any]) -> None:
 
 
 def kafka_settings(args: argparse.Namespace, component: str) -> Any:
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     return Settings(
         kafka_url=f"kafka://{args.bootstrap}",
@@ -201,7 +201,9 @@ def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
 def run_faust(args: argparse.Namespace) -> dict[str, Any]:
     import faust
 
-    from app import transport  # the project's aiokafka transport (short fetch wait: fair on Tansu)
+    from app.platform.faust import (
+        transport,  # the project's aiokafka transport (short fetch wait: fair on Tansu)
+    )
     from app.servers import free_port
 
     u = uuid.uuid4().hex[:8]
@@ -273,7 +275,7 @@ def run_quix(args: argparse.Namespace) -> dict[str, Any]:
 def run_raw(args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer
 
-    from app.clickhouse import connect
+    from app.playback.sink.clickhouse import connect
 
     u = uuid.uuid4().hex[:8]
     backend = connect(clickhouse_url(args, "raw"), Path(args.workdir))
@@ -354,7 +356,7 @@ async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple
     (accepted, first request time, last response time)."""
     import aiohttp
 
-    from app.auth import sign_request
+    from app.platform.http.auth import sign_request
 
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     for body in bodies:

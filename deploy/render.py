@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app.faust_app import consumer_group_id  # noqa: E402
-from app.groups import GROUPS, GroupSpec  # noqa: E402
-from app.lag import LagRule, default_rules  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from app.topics import DLQ, spec_for  # noqa: E402
+from app.ops.lag.monitor import LagRule, default_rules  # noqa: E402
+from app.platform.faust.app import consumer_group_id  # noqa: E402
+from app.platform.groups import GROUPS, GroupSpec  # noqa: E402
+from app.platform.settings import Settings  # noqa: E402
+from app.platform.topics import DLQ, spec_for  # noqa: E402
 
 __all__ = ["RENDERED_DIRS", "check", "main", "render_all", "to_yaml"]
 

@@ -11,18 +11,15 @@ from schemas.chain import (
     SettlementSplit,
 )
 from schemas.codec import OrjsonCodec, dumps, loads, register_codec
-from schemas.envelope import Envelope, envelope_class, make_envelope
-from schemas.playback import PlaybackEvent
-from schemas.registry import (
-    PAYLOAD_MODELS,
-    Payload,
+from schemas.envelope import (
+    Envelope,
     decode_as,
-    decode_event,
     encode_event,
     encode_payload,
-    payload_model,
-    validate_event,
+    envelope_class,
+    make_envelope,
 )
+from schemas.playback import PlaybackEvent
 from schemas.review import ReviewTaskFinished
 from schemas.system import AnomalyDetected, FailureMetadata, header_name
 from schemas.types import (
@@ -43,7 +40,6 @@ from schemas.types import (
 from schemas.violations import to_schema_violation
 
 __all__ = [
-    "PAYLOAD_MODELS",
     "Address",
     "AiToolInfo",
     "AnomalyDetected",
@@ -61,7 +57,6 @@ __all__ = [
     "Money",
     "NonNegativeMoney",
     "OrjsonCodec",
-    "Payload",
     "PlaybackEvent",
     "RecordId",
     "ReviewTaskFinished",
@@ -70,7 +65,6 @@ __all__ = [
     "Sha256Ref",
     "TxHash",
     "decode_as",
-    "decode_event",
     "dumps",
     "encode_event",
     "encode_payload",
@@ -80,8 +74,6 @@ __all__ = [
     "loads",
     "make_envelope",
     "parse_money",
-    "payload_model",
     "register_codec",
     "to_schema_violation",
-    "validate_event",
 ]

@@ -10,7 +10,7 @@ import faust.serializers.codecs as faust_codecs
 import orjson
 from pydantic import BaseModel
 
-from app.errors import UndecodableMessage
+from schemas.errors import UndecodableMessage
 
 __all__ = ["CODEC_NAME", "OrjsonCodec", "dumps", "loads", "register_codec"]
 

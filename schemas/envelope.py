@@ -9,10 +9,20 @@ from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, SerializeAsAny, ValidationError
 
+from schemas import codec
 from schemas.types import ContractModel, EpochMillis, EventId, SourceName
 from schemas.violations import to_schema_violation
 
-__all__ = ["Envelope", "PayloadT", "envelope_class", "make_envelope"]
+__all__ = [
+    "Envelope",
+    "PayloadT",
+    "decode_as",
+    "encode_event",
+    "encode_payload",
+    "envelope_class",
+    "make_envelope",
+    "validate_envelope",
+]
 
 #: The payload model of an envelope (covariant: ``Envelope[ApplyCreated]`` is an
 #: ``Envelope[BaseModel]``).
@@ -59,3 +69,27 @@ def make_envelope(
         return cast("Envelope[_M]", envelope_class(type(payload))(**fields))
     except ValidationError as exc:
         raise to_schema_violation(exc) from exc
+
+
+def validate_envelope(model: type[Envelope[_M]], raw: bytes | bytearray | memoryview | str) -> Envelope[_M]:
+    """Decode ``raw`` as one envelope of ``model``; ``UndecodableMessage`` / ``SchemaViolation``."""
+    data = codec.loads(raw)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise to_schema_violation(exc) from exc
+
+
+def decode_as(model: type[_M], raw: bytes | bytearray | memoryview | str) -> Envelope[_M]:
+    """Decode one message whose payload model is known, for a statically typed result."""
+    return validate_envelope(envelope_class(model), raw)
+
+
+def encode_event(envelope: Envelope[BaseModel]) -> bytes:
+    """Wire bytes of an envelope: compact JSON, UUID and money as strings, ``None`` fields omitted."""
+    return codec.dumps(envelope.model_dump(mode="json", exclude_none=True))
+
+
+def encode_payload(payload: BaseModel) -> bytes:
+    """Wire bytes of a bare payload (same conventions as :func:`encode_event`)."""
+    return codec.dumps(payload.model_dump(mode="json", exclude_none=True))

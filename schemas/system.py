@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.errors import SchemaViolation
+from schemas.errors import SchemaViolation
 from schemas.types import (
     AnomalyRule,
     ContractModel,
@@ -80,7 +80,7 @@ class FailureMetadata(ContractModel):
     attempt: Annotated[int, Field(ge=1)]
     first_failure_ms: EpochMillis
     last_failure_ms: EpochMillis
-    #: Qualified exception class name, e.g. ``app.errors.DependencyTimeout``.
+    #: Qualified exception class name, e.g. ``app.platform.errors.DependencyTimeout``.
     error_class: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     error_message: str
     #: Retry topic only: do not redeliver before this time (epoch ms).

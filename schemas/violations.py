@@ -8,7 +8,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from app.errors import SchemaViolation
+from schemas.errors import SchemaViolation
 from schemas.types import PATTERN_REASONS
 
 __all__ = ["MAX_LISTED_ERRORS", "field_path", "to_schema_violation"]

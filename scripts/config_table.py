@@ -11,11 +11,11 @@ __all__ = ["SETTINGS_CLASSES", "config_tables"]
 
 #: Every settings class, in README order: (module, class name, heading).
 SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
-    ("app.settings", "Settings", "Pipeline (all groups)"),
+    ("app.platform.settings", "Settings", "Pipeline (all groups)"),
     ("agents.gateway", "GatewaySettings", "gateway group"),
     ("agents.sink", "SinkConfig", "sink group"),
     ("agents.anomaly", "AnomalySettings", "anomaly group"),
-    ("app.lag", "LagSettings", "lag monitor (ops group)"),
+    ("app.ops.lag.monitor", "LagSettings", "lag monitor (ops group)"),
 )
 
 

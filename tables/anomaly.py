@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rocksdict import Rdict
 
-from app.anomaly_rules import Baseline, WindowAgg
-from app.errors import DependencyUnavailable
+from app.platform.errors import DependencyUnavailable
+from app.playback.anomaly.rules import Baseline, WindowAgg
 
 __all__ = [
     "CHANGELOG_TOPIC",

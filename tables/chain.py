@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.faust_app import get_app
-from app.topics import CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
+from app.platform.faust.app import get_app
+from app.platform.topics import CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
 
 __all__ = ["reviews_seen", "submissions"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.faust_app import get_app
-from app.topics import APPLY_CREATED
+from app.platform.faust.app import get_app
+from app.platform.topics import APPLY_CREATED
 
 __all__ = ["tasks"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.faust_app import get_app
-from app.topics import CHAIN_TX_CONFIRMED
+from app.platform.faust.app import get_app
+from app.platform.topics import CHAIN_TX_CONFIRMED
 
 __all__ = ["clearing"]
 

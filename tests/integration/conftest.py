@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from app.admin import apply_plan
-from app.internal_topics import changelog_specs
+from app.platform.internal_topics import changelog_specs
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings
+from app.platform.topics import TOPIC_PLAN
 from app.servers import (
     ClickHouseServer,
     KafkaKRaftBroker,
@@ -22,8 +24,6 @@ from app.servers import (
     TansuBroker,
     ensure_kafka_libs,
 )
-from app.settings import Settings
-from app.topics import TOPIC_PLAN
 from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

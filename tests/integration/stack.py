@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.auth import sign_request
+from app.platform.http.auth import sign_request
 from app.servers.process import ManagedProcess, free_port
 
 __all__ = [

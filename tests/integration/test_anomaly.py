@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from agents.anomaly import AnomalyDetector, AnomalySettings
-from app.anomaly_rules import ANOMALY_NAMESPACE
-from app.settings import Settings
+from app.platform.settings import Settings
+from app.playback.anomaly.rules import ANOMALY_NAMESPACE
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
 

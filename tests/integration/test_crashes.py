@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from app.faust_app import consumer_group_id
-from app.ledger import verify_ledger
-from app.topics import APPLY_CREATED
+from app.lifecycle.chain.ledger import verify_ledger
+from app.platform.faust.app import consumer_group_id
+from app.platform.topics import APPLY_CREATED
 from tests.integration.stack import Stack, application, record_when
 
 #: Each lifecycle event applied exactly once (their arrival order may vary: a chain receipt can

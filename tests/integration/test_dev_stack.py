@@ -16,8 +16,8 @@ from pathlib import Path
 
 import orjson
 
-from app.auth import sign_request
-from app.groups import GROUPS
+from app.platform.groups import GROUPS
+from app.platform.http.auth import sign_request
 from app.servers.process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import pytest
 
-from app import dlq_cli
-from app.settings import get_settings
+from app.ops.dlq import cli as dlq_cli
+from app.platform.settings import get_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -183,7 +183,7 @@ def test_operator_reinjects_a_fixed_message_and_discards_another_from_the_consol
             "alertname": "AvccDeadLetter",
             "severity": "P2",
             "group": worker.group,
-            "error_class": "app.errors.DependencyTimeout",
+            "error_class": "app.platform.errors.DependencyTimeout",
         }
         assert mine[0]["annotations"]["topic"] == worker.topic and mine[0]["startsAt"].endswith("Z")
 

@@ -35,11 +35,11 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.partitioner import partition_for, record_key
-from app.topics import DLQ, RETRY
+from app.platform.contracts import encode_event
+from app.platform.kafka.partitioner import partition_for, record_key
+from app.platform.topics import DLQ, RETRY
 from schemas.apply import AiToolInfo, ApplyCreated
 from schemas.envelope import make_envelope
-from schemas.registry import encode_event
 from schemas.system import FailureMetadata
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -58,12 +58,12 @@ from pathlib import Path
 import orjson
 
 from agents.retry import RetryForwarder
-from app.errors import DependencyTimeout
-from app.faust_app import create_app
+from app.platform.errors import DependencyTimeout
+from app.platform.faust.app import create_app
 from app.servers.process import free_port
-from app.runtime import Effects, GroupRuntime
-from app.settings import get_settings
-from app.topics import APPLY_CREATED
+from app.platform.faust.runtime import Effects, GroupRuntime
+from app.platform.settings import get_settings
+from app.platform.topics import APPLY_CREATED
 
 settings = get_settings()
 APP_ID = os.environ["FAULTS_APP_ID"]
@@ -127,7 +127,7 @@ async def consume(stream):
 app.service(RetryForwarder(settings, group_id=f"{APP_ID}-retry", target_groups={GROUP}))
 
 if os.environ.get("FAULTS_CONSOLE") == "1":
-    from app.console import install_console
+    from app.ops.dlq.console import install_console
 
     install_console(app, settings)
 
@@ -492,7 +492,7 @@ def test_permanent_failure_backs_off_goes_through_retry_topic_then_one_dlq_messa
     assert meta.original_offset == 0
     assert meta.consumer_group == w.group
     assert meta.event_id == event_id
-    assert meta.error_class == "app.errors.DependencyTimeout"
+    assert meta.error_class == "app.platform.errors.DependencyTimeout"
     assert meta.error_message == "dependency always times out"
     assert meta.stacktrace and "DependencyTimeout" in meta.stacktrace and "handler" in meta.stacktrace
     per_round = len(BACKOFF_S) + 1
@@ -548,7 +548,11 @@ def test_poison_and_schema_invalid_messages_go_to_dlq_without_stalling_the_parti
     assert set(by_value) == set(poison)
     for raw, expected_class in zip(
         poison,
-        ["app.errors.UndecodableMessage", "app.errors.SchemaViolation", "app.errors.UndecodableMessage"],
+        [
+            "schemas.errors.UndecodableMessage",
+            "schemas.errors.SchemaViolation",
+            "schemas.errors.UndecodableMessage",
+        ],
         strict=True,
     ):
         meta = FailureMetadata.from_headers(by_value[raw].header_list)

@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from agents.gateway import EVENT_ID_NAMESPACE, ROUTE, GatewaySettings, PlaybackIngest
-from app.auth import HEADER_SIGNATURE, NonceCache, sign_request
-from app.settings import Settings
+from app.platform.http.auth import HEADER_SIGNATURE, NonceCache, sign_request
+from app.platform.settings import Settings
 from schemas.envelope import Envelope
 from schemas.playback import PlaybackEvent
 

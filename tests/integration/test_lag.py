@@ -17,11 +17,11 @@ from typing import Protocol
 import pytest
 from confluent_kafka import Consumer, Message, Producer
 
-from app.alerts import Alert
-from app.lag import LagMonitor, LagReport, LagRule, LagSettings, OffsetReader
-from app.metrics import REGISTRY
+from app.ops.alerts import Alert
+from app.ops.lag.monitor import LagMonitor, LagReport, LagRule, LagSettings, OffsetReader
+from app.platform.metrics import REGISTRY
+from app.platform.settings import Settings
 from app.servers import ManagedProcess, free_port
-from app.settings import Settings
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -210,7 +210,7 @@ async def test_consumer_that_stops_committing_is_stall_while_alive_then_stop(
 def test_print_lag_table_shows_the_group(
     broker: BrokerHandle, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.lag import print_lag_table
+    from app.ops.lag.monitor import print_lag_table
 
     topic, group = f"lagtest.cli.{unique}", f"lagtest-cli-{unique}"
     create_topic(broker.bootstrap, topic, 6)
@@ -353,7 +353,7 @@ WORKER_MODULE = textwrap.dedent(
 
     import faust
 
-    from app.web import install_common_views
+    from app.platform.http.views import install_common_views
 
     app = faust.App(
         "avcc-" + os.environ["TEST_GROUP"],

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from app.avcc_code import verify_check_char
-from app.ledger import verify_ledger
-from app.topics import (
+from app.lifecycle.chain.ledger import verify_ledger
+from app.lifecycle.code.avcc_code import verify_check_char
+from app.platform.topics import (
     APPLY_CREATED,
     CHAIN_TX_CONFIRMED,
     CHAIN_TX_PENDING,
@@ -192,7 +192,7 @@ async def test_replaying_every_core_topic_changes_nothing(core_stack: Stack) -> 
 async def test_bad_signatures_get_401_and_produce_nothing(
     core_stack: Stack, mutate: Any, reason: str
 ) -> None:
-    from app.auth import sign_request
+    from app.platform.http.auth import sign_request
     from tests.integration.stack import API_KEY, API_SECRET
 
     body = application()
@@ -210,7 +210,7 @@ async def test_bad_signatures_get_401_and_produce_nothing(
 async def test_replayed_nonce_and_skewed_timestamp_get_401(core_stack: Stack) -> None:
     import orjson
 
-    from app.auth import sign_request
+    from app.platform.http.auth import sign_request
     from tests.integration.stack import API_KEY, API_SECRET
 
     body = application()

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from app.lag import AlertEvent, LagMonitor, LagReport, LagSettings
-from app.partitioner import record_key
-from app.settings import Settings
-from app.topics import APPLY_CREATED
+from app.ops.lag.monitor import AlertEvent, LagMonitor, LagReport, LagSettings
+from app.platform.contracts import encode_event
+from app.platform.kafka.partitioner import record_key
+from app.platform.settings import Settings
+from app.platform.topics import APPLY_CREATED
 from schemas.apply import AiToolInfo, ApplyCreated
 from schemas.envelope import make_envelope
-from schemas.registry import encode_event
 from tests.integration.stack import Stack
 
 QUEUED = 1100

@@ -22,12 +22,12 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from agents.sink import SinkConfig, SinkRunner, SinkTopics
-from app.admin import apply_plan
-from app.clickhouse import ClickHouseBackend, connect
-from app.playback_store import PLAYBACK_TABLE, count_distinct_events, list_anomalies, playback_stats
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings
+from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.playback.sink.clickhouse import ClickHouseBackend, connect
+from app.playback.sink.store import PLAYBACK_TABLE, count_distinct_events, list_anomalies, playback_stats
 from app.servers import ClickHouseServer, free_port
-from app.settings import Settings
-from app.topics import ANOMALY, DLQ, PLAYBACK_EVENT
 from schemas import AnomalyDetected, FailureMetadata, encode_event, make_envelope
 from schemas.types import MAX_EPOCH_MS
 
@@ -270,7 +270,7 @@ def test_sink_stores_each_valid_event_once_and_dead_letters_the_rest(
         meta = FailureMetadata.from_headers(msg.headers() or [])
         assert meta.consumer_group == scenario.group_id
         assert meta.original_topic in (scenario.topics.playback, scenario.topics.anomaly)
-        assert meta.error_class in ("app.errors.UndecodableMessage", "app.errors.SchemaViolation")
+        assert meta.error_class in ("schemas.errors.UndecodableMessage", "schemas.errors.SchemaViolation")
         assert meta.attempt == 1
     wait_for(lambda: runner.loop.stats.consumed == N + len(INVALID) + 500 + 7, 10, "all messages consumed")
     assert runner.loop.stats.dead_lettered == len(INVALID) + 1

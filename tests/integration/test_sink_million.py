@@ -25,10 +25,10 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 import tests.integration.test_sink as sink_tests
-from app.auth import sign_request
-from app.clickhouse import connect
-from app.playback_store import count_distinct_events, playback_stats
-from app.producers import profile_config
+from app.platform.http.auth import sign_request
+from app.platform.kafka.producers import profile_config
+from app.playback.sink.clickhouse import connect
+from app.playback.sink.store import count_distinct_events, playback_stats
 from app.servers import ClickHouseServer
 from schemas.types import MAX_EPOCH_MS
 from tests.integration.stack import API_KEY, API_SECRET, Stack

@@ -9,12 +9,12 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from app.admin import apply_plan, describe_topics
 from app.cli import main
-from app.partitioner import partition_for, record_key
-from app.producers import EventProducer
-from app.settings import Settings
-from app.topics import APPLY_CREATED, TOPIC_PLAN, TopicSpec
+from app.platform.kafka.admin import apply_plan, describe_topics
+from app.platform.kafka.partitioner import partition_for, record_key
+from app.platform.kafka.producers import EventProducer
+from app.platform.settings import Settings
+from app.platform.topics import APPLY_CREATED, TOPIC_PLAN, TopicSpec
 
 
 def uniquely_named(unique: str) -> list[TopicSpec]:
@@ -57,7 +57,7 @@ def test_retention_drift_is_fixed_and_partition_drift_needs_the_flag(broker, uni
 
 
 def test_topics_apply_cli_exit_codes(broker, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.settings import get_settings
+    from app.platform.settings import get_settings
 
     monkeypatch.setenv("AVCC_KAFKA_URL", f"kafka://{broker.bootstrap}")
     get_settings.cache_clear()

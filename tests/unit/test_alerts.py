@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from app.alerts import (
+from app.ops.alerts import (
     DEAD_LETTER_ALERT,
     Alert,
     AlertDispatcher,
@@ -22,7 +22,7 @@ from app.alerts import (
     dead_letter_alert,
     default_sinks,
 )
-from app.settings import Settings
+from app.platform.settings import Settings
 
 
 class RecordingSink:
@@ -44,7 +44,9 @@ class FakeClock:
         return self.now
 
 
-def alert(group: str = "review", error_class: str = "app.errors.DependencyTimeout", **extra: Any) -> Alert:
+def alert(
+    group: str = "review", error_class: str = "app.platform.errors.DependencyTimeout", **extra: Any
+) -> Alert:
     return dead_letter_alert(
         group=group,
         error_class=error_class,
@@ -107,7 +109,7 @@ async def test_webhook_posts_an_alertmanager_array(webhook: tuple[Webhook, str])
         "alertname": DEAD_LETTER_ALERT,
         "severity": "P2",
         "group": "review",
-        "error_class": "app.errors.DependencyTimeout",
+        "error_class": "app.platform.errors.DependencyTimeout",
     }
     assert first["annotations"]["event_id"] == "e-1"
     assert first["annotations"]["dlq_id"] == "0-1"
@@ -127,7 +129,7 @@ async def test_webhook_error_status_is_logged_not_raised(
     hook, url = webhook
     hook.status = 500
     sink = WebhookAlertSink(url, timeout_s=2)
-    with caplog.at_level(logging.ERROR, logger="app.alerts"):
+    with caplog.at_level(logging.ERROR, logger="app.ops.alerts"):
         await sink.send([alert()])
     await sink.close()
     assert sink.failures == 1
@@ -140,7 +142,7 @@ async def test_webhook_timeout_is_logged_not_raised(
     hook, url = webhook
     hook.delay_s = 1.0
     sink = WebhookAlertSink(url, timeout_s=0.2)
-    with caplog.at_level(logging.ERROR, logger="app.alerts"):
+    with caplog.at_level(logging.ERROR, logger="app.ops.alerts"):
         await sink.send([alert()])
     await sink.close()
     assert sink.failures == 1
@@ -149,7 +151,7 @@ async def test_webhook_timeout_is_logged_not_raised(
 
 async def test_webhook_unreachable_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     sink = WebhookAlertSink("http://127.0.0.1:9/api/v2/alerts", timeout_s=1)  # discard port: refused
-    with caplog.at_level(logging.ERROR, logger="app.alerts"):
+    with caplog.at_level(logging.ERROR, logger="app.ops.alerts"):
         await sink.send([alert()])
     await sink.close()
     assert sink.failures == 1
@@ -161,7 +163,7 @@ async def test_log_sink_writes_one_structured_line(caplog: pytest.LogCaptureFixt
         await LogAlertSink().send([alert()])
     [record] = caplog.records
     assert "ALERT AvccDeadLetter" in record.getMessage()
-    assert '"error_class":"app.errors.DependencyTimeout"' in record.getMessage()
+    assert '"error_class":"app.platform.errors.DependencyTimeout"' in record.getMessage()
 
 
 async def test_dedup_merges_same_group_and_error_within_window() -> None:
@@ -174,7 +176,7 @@ async def test_dedup_merges_same_group_and_error_within_window() -> None:
     assert not await dispatcher.dispatch(alert())
     assert dispatcher.suppressed(alert()) == 2
     # another error class or another group is a different alert
-    assert await dispatcher.dispatch(alert(error_class="app.errors.SchemaViolation"))
+    assert await dispatcher.dispatch(alert(error_class="schemas.errors.SchemaViolation"))
     assert await dispatcher.dispatch(alert(group="chain"))
     assert len(sink.batches) == 3
     # after the window the next one goes out, carrying the suppressed count

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from app.anomaly_rules import (
+from app.playback.anomaly.rules import (
     ANOMALY_NAMESPACE,
     Baseline,
     Finding,

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from app.auth import (
+from app.platform.http.auth import (
     HEADER_KEY,
     HEADER_NONCE,
     HEADER_SIGNATURE,
@@ -29,8 +29,8 @@ from app.auth import (
     sign_request,
     verify_headers,
 )
-from app.metrics import AUTH_FAILURES
-from app.settings import Settings
+from app.platform.metrics import AUTH_FAILURES
+from app.platform.settings import Settings
 
 SECRET = "s3cret-partner-a"
 PATH = "/v1/playback/events?dry=1"
@@ -244,7 +244,7 @@ def test_json_error_shapes() -> None:
 async def test_require_hmac_decorates_view_methods(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.auth.get_settings", lambda: settings)
+    monkeypatch.setattr("app.platform.http.auth.get_settings", lambda: settings)
     seen: list[str] = []
 
     class View:

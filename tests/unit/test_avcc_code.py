@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.avcc_code import check_char, issue_code, parse_code, record_id_of, verify_check_char
+from app.lifecycle.code.avcc_code import check_char, issue_code, parse_code, record_id_of, verify_check_char
 from schemas.types import MA_CODE_PATTERN
 
 HASH = "sha256:" + "ab" * 32

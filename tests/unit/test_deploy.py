@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from app.groups import GROUPS
-from app.lag import default_rules
-from app.metrics import REGISTRY
-from app.settings import Settings
-from app.topics import APPLY_CREATED, PLAYBACK_EVENT
+from app.ops.lag.monitor import default_rules
+from app.platform.groups import GROUPS
+from app.platform.metrics import REGISTRY
+from app.platform.settings import Settings
+from app.platform.topics import APPLY_CREATED, PLAYBACK_EVENT
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
-from app import dlq_cli
-from app.console import DlqConsole, console_application
-from app.dlq import (
+from app.ops.dlq import cli as dlq_cli
+from app.ops.dlq.console import DlqConsole, console_application
+from app.ops.dlq.store import (
     HEADER_REINJECTED_BY,
     HEADER_REINJECTED_COUNT,
     DiscardRefused,
@@ -27,8 +27,8 @@ from app.dlq import (
     ReinjectRefused,
     reinject_headers,
 )
-from app.producers import Delivery
-from app.settings import Settings, get_settings
+from app.platform.kafka.producers import Delivery
+from app.platform.settings import Settings, get_settings
 from schemas.system import FailureMetadata
 
 T0 = 1_780_000_000_000
@@ -60,7 +60,7 @@ def dead_letter(
     partition: int = 0,
     topic: str = "topic.avcc.apply.created",
     group: str = "review",
-    error_class: str = "app.errors.DependencyTimeout",
+    error_class: str = "app.platform.errors.DependencyTimeout",
     event_id: str | None = None,
     failed_ms: int = T0,
     value: bytes | None = None,
@@ -115,7 +115,7 @@ def test_index_keeps_raw_message_and_parses_metadata(store: DlqStore) -> None:
     assert orjson.loads(entry.value)["event_id"] == "ev-1"
     assert entry.header("trace-id") == b"abc"
     assert entry.metadata is not None and entry.metadata.consumer_group == "review"
-    assert entry.error_class == "app.errors.DependencyTimeout"
+    assert entry.error_class == "app.platform.errors.DependencyTimeout"
     assert entry.failed_at_ms == T0
     assert store.next_offsets() == {2: 8}
     assert store.counts() == {"new": 1, "reinjected": 0, "discarded": 0}
@@ -257,7 +257,9 @@ def test_discard_needs_reason_and_new_status(store: DlqStore) -> None:
 
 
 def test_list_filters(store: DlqStore) -> None:
-    dead_letter(store, 1, topic="t.a", group="review", error_class="app.errors.SchemaViolation", failed_ms=T0)
+    dead_letter(
+        store, 1, topic="t.a", group="review", error_class="schemas.errors.SchemaViolation", failed_ms=T0
+    )
     dead_letter(store, 2, topic="t.b", group="chain", failed_ms=T0 + 60_000)
     dead_letter(store, 3, topic="t.a", group="chain", failed_ms=T0 + 120_000)
     store.discard("0-3", "bob", "noise")
@@ -269,7 +271,7 @@ def test_list_filters(store: DlqStore) -> None:
     assert ids(topic="t.a") == ["0-3", "0-1"]
     assert ids(group="chain") == ["0-3", "0-2"]
     assert ids(error_class="SchemaViolation") == ["0-1"]
-    assert ids(error_class="app.errors.DependencyTimeout") == ["0-3", "0-2"]
+    assert ids(error_class="app.platform.errors.DependencyTimeout") == ["0-3", "0-2"]
     assert ids(status="discarded") == ["0-3"]
     assert ids(since_ms=T0 + 1, until_ms=T0 + 60_000) == ["0-2"]
     parsed = DlqFilter.from_mapping(

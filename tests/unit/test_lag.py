@@ -12,9 +12,9 @@ import faust
 import pytest
 from faust.types import TP
 
-from app import lag as lag_mod
-from app.alerts import Alert
-from app.lag import (
+from app.ops.alerts import Alert
+from app.ops.lag import monitor as lag_mod
+from app.ops.lag.monitor import (
     AlertEvent,
     GroupState,
     LagEvaluator,
@@ -29,10 +29,10 @@ from app.lag import (
     format_lag_table,
     render_lag_html,
 )
-from app.metrics import REGISTRY
-from app.settings import Settings
-from app.topics import APPLY_CREATED, PLAYBACK_EVENT
-from app.web import WorkerLagExporter, WorkerState, install_common_views, readiness
+from app.platform.http.views import WorkerLagExporter, WorkerState, install_common_views, readiness
+from app.platform.metrics import REGISTRY
+from app.platform.settings import Settings
+from app.platform.topics import APPLY_CREATED, PLAYBACK_EVENT
 
 T0 = 1_700_000_000.0
 TOPIC = "t.apply"

@@ -15,8 +15,7 @@ import orjson
 import pytest
 from rocksdict import Options, Rdict
 
-from app.errors import LockConflict, SchemaViolation
-from app.ledger import (
+from app.lifecycle.chain.ledger import (
     LocalLedger,
     PendingTx,
     Receipt,
@@ -25,6 +24,7 @@ from app.ledger import (
     verify_ledger,
     verify_ledger_cli,
 )
+from app.platform.errors import LockConflict, SchemaViolation
 from schemas.chain import ChainTxPending
 from schemas.types import ADDRESS_PATTERN, TX_HASH_PATTERN
 
@@ -279,7 +279,7 @@ def test_verify_missing_ledger(
 ) -> None:
     assert not verify_ledger(tmp_path / "nope").ok
     monkeypatch.setenv("AVCC_DATA_DIR", str(tmp_path))
-    from app.settings import get_settings
+    from app.platform.settings import get_settings
 
     get_settings.cache_clear()
     try:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.partitioner import murmur2, partition_for, record_key
+from app.platform.kafka.partitioner import murmur2, partition_for, record_key
 
 #: org.apache.kafka.common.utils.UtilsTest#testMurmur2 (and values from Utils.murmur2 itself).
 KAFKA_VECTORS = {

@@ -13,9 +13,11 @@ from typing import Any
 import orjson
 import pytest
 
-from app.clickhouse import ChdbBackend, DriverBackend, connect
-from app.errors import ConfigurationError, DependencyUnavailable, NonRetriableError
-from app.playback_store import (
+from app.platform.contracts import decode_event
+from app.platform.errors import NON_RETRIABLE, ConfigurationError, DependencyUnavailable
+from app.platform.topics import PLAYBACK_EVENT
+from app.playback.sink.clickhouse import ChdbBackend, DriverBackend, connect
+from app.playback.sink.store import (
     ANOMALY_INSERT_COLUMNS,
     PLAYBACK_COLUMNS,
     PLAYBACK_INSERT_COLUMNS,
@@ -32,8 +34,7 @@ from app.playback_store import (
     playback_stats,
 )
 from app.servers import free_port
-from app.topics import PLAYBACK_EVENT
-from schemas import AnomalyDetected, decode_event, make_envelope, parse_money
+from schemas import AnomalyDetected, make_envelope, parse_money
 from schemas.envelope import Envelope
 from schemas.playback import MAX_DURATION_SEC, PlaybackEvent
 from schemas.types import MAX_EPOCH_MS, MIN_EPOCH_MS
@@ -65,7 +66,7 @@ def schema_row(raw: bytes) -> tuple[Any, ...] | None:
     """The reference: what ``decode_event`` accepts, as a row (``None`` when it refuses)."""
     try:
         envelope = decode_event(PLAYBACK_EVENT.name, raw)
-    except NonRetriableError:
+    except NON_RETRIABLE:
         return None
     assert isinstance(envelope.payload, PlaybackEvent)
     return playback_row(envelope)  # type: ignore[arg-type]

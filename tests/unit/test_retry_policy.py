@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agents.retry import RetryForwarder, due_at
-from app.errors import (
+from app.platform.errors import (
     BusinessRuleViolation,
     DependencyTimeout,
     DependencyUnavailable,
@@ -17,10 +17,10 @@ from app.errors import (
     SchemaViolation,
     UndecodableMessage,
 )
-from app.producers import Delivery
-from app.retry_policy import RetryPolicy, classify
-from app.runtime import now_ms
-from app.settings import Settings
+from app.platform.faust.runtime import now_ms
+from app.platform.kafka.producers import Delivery
+from app.platform.retry_policy import RetryPolicy, classify
+from app.platform.settings import Settings
 
 
 def test_default_schedule_is_seed_backoff_then_one_retry_topic_round() -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.errors import ConfigurationError, SchemaViolation
-from app.review_rules import RULE_VERSION, ReviewConfig, report_hash, review_application
+from app.lifecycle.review.rules import RULE_VERSION, ReviewConfig, report_hash, review_application
+from app.platform.errors import ConfigurationError, SchemaViolation
 from schemas.apply import ApplyCreated
 
 GOOD_HASH = "sha256:" + hashlib.sha256(b"work").hexdigest()

@@ -12,10 +12,10 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from app import topics
-from app.errors import SchemaViolation, UndecodableMessage
+from app.platform import topics
+from app.platform.contracts import PAYLOAD_MODELS, decode_event, payload_model, validate_event
+from app.platform.errors import SchemaViolation, UndecodableMessage
 from schemas import (
-    PAYLOAD_MODELS,
     AnomalyDetected,
     ApplyCreated,
     ChainTxConfirmed,
@@ -26,7 +26,6 @@ from schemas import (
     PlaybackEvent,
     ReviewTaskFinished,
     decode_as,
-    decode_event,
     dumps,
     encode_event,
     encode_payload,
@@ -35,9 +34,7 @@ from schemas import (
     loads,
     make_envelope,
     parse_money,
-    payload_model,
     register_codec,
-    validate_event,
 )
 
 EVENT_ID = "6f1c2a3e-8b4d-4c1e-9f7a-2d3b4c5e6f70"
@@ -596,7 +593,7 @@ def failure(**changes: Any) -> FailureMetadata:
         "attempt": 2,
         "first_failure_ms": TS + 1000,
         "last_failure_ms": TS + 9000,
-        "error_class": "app.errors.DependencyTimeout",
+        "error_class": "app.platform.errors.DependencyTimeout",
         "error_message": "ClickHouse did not answer in 5 s",
         "not_before_ms": TS + 60_000,
         "stacktrace": "Traceback (most recent call last):\n  ...",

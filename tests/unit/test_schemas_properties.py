@@ -11,9 +11,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import topics
-from app.errors import SchemaViolation, UndecodableMessage
-from schemas import PAYLOAD_MODELS, FailureMetadata, decode_event, encode_event, envelope_class
+from app.platform import topics
+from app.platform.contracts import PAYLOAD_MODELS, decode_event
+from app.platform.errors import SchemaViolation, UndecodableMessage
+from schemas import FailureMetadata, encode_event, envelope_class
 from schemas.types import MAX_EPOCH_MS, MIN_EPOCH_MS
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from faust.types import TP
 
-from app.faust_app import get_app
-from app.transport import _Consumer
+from app.platform.faust.app import get_app
+from app.platform.faust.transport import _Consumer
 
 TOPIC = "topic.avcc.apply.created"
 tp = TP(TOPIC, 0)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.lag import PartitionOffsets
-from app.watchdog import StallWatchdog
+from app.ops.lag.monitor import PartitionOffsets
+from app.ops.watchdog import StallWatchdog
 
 
 def row(partition: int, end: int, committed: int | None) -> PartitionOffsets:
@@ -38,8 +38,8 @@ def test_the_reply_topic_is_not_a_source_partition() -> None:
     watchdog took that for a stall and restarted the code worker every 45 s."""
     from faust.types import TP
 
-    from app.faust_app import get_app
-    from app.web import WorkerLagExporter
+    from app.platform.faust.app import get_app
+    from app.platform.http.views import WorkerLagExporter
 
     app = get_app("code")
     exporter = WorkerLagExporter(app, "code")

@@ -1,0 +1,1 @@
+"""chain-svc: the notarisation ledger behind the ChainBackend protocol."""

@@ -1,0 +1,1 @@
+"""code-svc: AVCC codes and the record state machine."""

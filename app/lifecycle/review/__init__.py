@@ -1,0 +1,1 @@
+"""review-svc: the rule-based review and human review tasks."""

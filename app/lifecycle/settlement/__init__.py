@@ -1,0 +1,1 @@
+"""settlement-svc: clearing status of settlement instructions."""

@@ -1,0 +1,1 @@
+"""Operations: retry forwarding, the DLQ (store, console, CLI), consumer lag, alerts, watchdog."""

@@ -1,0 +1,1 @@
+"""Consumer lag: offsets reader, Burrow-style evaluation, monitor and pages."""

@@ -1,0 +1,63 @@
+"""Stall watchdog: a worker whose consumer stopped making progress exits so it is restarted.
+
+Seen after an Apache Kafka restart: a faust worker's consumer lost its group session, found
+the coordinator again and then never rejoined or fetched; the event loop stayed idle and the
+worker looked healthy while its partitions' lag sat still. Every effect in this pipeline is
+safe to replay, so the cure is a crash: the supervisor (the dev stack, Kubernetes) restarts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from app.ops.lag.monitor import PartitionOffsets
+
+__all__ = ["StallWatchdog", "exit_stalled"]
+
+log = logging.getLogger(__name__)
+
+#: Exit status of a worker that stopped itself because its consumer stalled (EX_SOFTWARE).
+STALL_EXIT_CODE = 70
+
+
+@dataclass(slots=True)
+class StallWatchdog:
+    """Tracks, per partition with lag, when its committed offset last moved."""
+
+    stall_s: float
+    _since: dict[tuple[str, int], tuple[int | None, float]] = field(default_factory=dict)
+
+    def observe(self, rows: Iterable[PartitionOffsets], now: float) -> list[tuple[str, int]]:
+        """Record one lag reading; the partitions stalled for ``stall_s`` (lag > 0, committed
+        offset unchanged). A partition without lag is never stalled."""
+        stalled: list[tuple[str, int]] = []
+        seen: set[tuple[str, int]] = set()
+        for row in rows:
+            key = (row.topic, row.partition)
+            seen.add(key)
+            previous = self._since.get(key)
+            if row.lag <= 0 or previous is None or previous[0] != row.committed:
+                self._since[key] = (row.committed, now)
+                continue
+            if now - previous[1] >= self.stall_s:
+                stalled.append(key)
+        for key in set(self._since) - seen:
+            del self._since[key]
+        return stalled
+
+
+def exit_stalled(group: str, stalled: list[tuple[str, int]], stall_s: float) -> None:
+    """Log why and exit at once (no graceful shutdown: the stuck consumer may hang it)."""
+    log.critical(
+        "consumer of group %s made no progress for %.0f s on %s while they have lag; exiting with "
+        "status %d so the supervisor restarts this worker",
+        group,
+        stall_s,
+        ", ".join(f"{t}[{p}]" for t, p in stalled),
+        STALL_EXIT_CODE,
+    )
+    logging.shutdown()
+    os._exit(STALL_EXIT_CODE)

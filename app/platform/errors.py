@@ -1,0 +1,92 @@
+"""Exception hierarchy of the AVCC pipeline.
+
+Every error the pipeline raises on purpose derives from :class:`AvccError`::
+
+    AvccError
+    ├── ConfigurationError          bad or missing settings; fix the environment and restart
+    ├── NonRetriableError           retrying cannot help: the message goes straight to the DLQ
+    │   └── BusinessRuleViolation   a well-formed event the domain refuses
+    ├── RetriableError              a transient failure: back off, retry, then the retry topic
+    │   ├── DependencyTimeout       a downstream call timed out
+    │   ├── DependencyUnavailable   a downstream service (ClickHouse, chain node) is down
+    │   └── LockConflict            a concurrent writer holds the resource
+    ├── TopicPlanDrift              the broker's topics differ from the plan in a way we may not fix
+    └── BrokerCapabilityError       the broker cannot honour a producer profile
+
+    schemas.errors.ContractError    (defined with the contracts, which import nothing from app)
+    ├── UndecodableMessage          bytes that are not JSON / not an object
+    └── SchemaViolation             JSON that breaks a payload contract (names the fields)
+
+:data:`NON_RETRIABLE` is what the error policy dead-letters at once: ``NonRetriableError`` and
+every ``ContractError``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schemas.errors import ContractError, SchemaViolation, UndecodableMessage
+
+__all__ = [
+    "NON_RETRIABLE",
+    "AvccError",
+    "BrokerCapabilityError",
+    "BusinessRuleViolation",
+    "ConfigurationError",
+    "ContractError",
+    "DependencyTimeout",
+    "DependencyUnavailable",
+    "LockConflict",
+    "NonRetriableError",
+    "RetriableError",
+    "SchemaViolation",
+    "TopicPlanDrift",
+    "UndecodableMessage",
+]
+
+
+class AvccError(Exception):
+    """Root of every error raised on purpose by the pipeline."""
+
+
+class ConfigurationError(AvccError):
+    """Settings are missing or inconsistent. Fix the AVCC_* environment and restart."""
+
+
+class NonRetriableError(AvccError):
+    """Retrying cannot succeed; the message is dead-lettered at once with this reason."""
+
+
+class BusinessRuleViolation(NonRetriableError):
+    """A valid event the domain refuses (e.g. a transition from a final state)."""
+
+
+class RetriableError(AvccError):
+    """A transient failure: the error policy backs off and retries, then uses the retry topic."""
+
+
+class DependencyTimeout(RetriableError):
+    """A downstream call timed out. Check the dependency's latency; retries continue."""
+
+
+class DependencyUnavailable(RetriableError):
+    """A downstream service is unreachable. Restore it; consumption resumes by itself."""
+
+
+class LockConflict(RetriableError):
+    """A concurrent writer holds the resource; a retry normally succeeds."""
+
+
+class TopicPlanDrift(AvccError):
+    """The broker's topics differ from the topic plan in a way ``topics apply`` may not fix.
+
+    Read the printed drift; grow partitions only with ``--grow-partitions`` (keys remap!).
+    """
+
+
+class BrokerCapabilityError(AvccError):
+    """The broker cannot honour a producer profile (e.g. idempotence). Refused outside dev mode."""
+
+
+#: Failures that retrying cannot fix: dead-lettered at once, never retried.
+NON_RETRIABLE: Final[tuple[type[Exception], ...]] = (NonRetriableError, ContractError)

@@ -1,0 +1,172 @@
+"""Builds the faust App of an agent group; every other module gets its App from here."""
+
+from __future__ import annotations
+
+import ssl
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.agents.models import ReqRepResponse
+from faust.agents.replies import ReplyConsumer
+from mode.utils.objects import cached_property
+
+from app.platform.faust import transport
+from app.platform.groups import group_spec
+from app.platform.settings import Settings, get_settings
+
+__all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app", "tansu_like_broker"]
+
+
+def consumer_group_id(group: str) -> str:
+    """Kafka consumer group (= faust App id) of an agent group."""
+    return f"avcc-{group}"
+
+
+def _credentials(settings: Settings) -> Any:
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in {"SSL", "SASL_SSL"}:
+        context = ssl.create_default_context(
+            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
+        )
+        if settings.kafka_ssl_certfile:
+            context.load_cert_chain(
+                str(settings.kafka_ssl_certfile),
+                str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+            )
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else ""
+    mechanism = settings.kafka_sasl_mechanism or "PLAIN"
+    if mechanism == "PLAIN":
+        return faust.SASLCredentials(
+            username=settings.kafka_sasl_username, password=password, ssl_context=context
+        )
+    return faust.SASLCredentials(
+        username=settings.kafka_sasl_username,
+        password=password,
+        ssl_context=context,
+        mechanism=mechanism,
+    )
+
+
+#: Cluster id the embedded Tansu broker reports unless told otherwise.
+TANSU_CLUSTER_ID = "tansu_cluster"
+
+
+_TANSU_LIKE: dict[str, bool] = {}
+
+
+def tansu_like_broker(settings: Settings) -> bool:
+    """Whether the broker is Tansu-like: a high watermark that counts only the first record of
+    the last batch, and fetches answered only when their wait expires (see the setting's doc).
+
+    Probed once per bootstrap address; an unreachable broker gets the careful answer (True).
+    """
+    if settings.kafka_single_record_batches is not None:
+        return settings.kafka_single_record_batches
+    bootstrap = settings.kafka_bootstrap
+    if bootstrap not in _TANSU_LIKE:
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            admin = AdminClient({**settings.kafka_client_config(), "log_level": 0})
+            _TANSU_LIKE[bootstrap] = str(admin.list_topics(timeout=3).cluster_id) == TANSU_CLUSTER_ID
+        except Exception:  # the broker is not reachable yet: assume the careful setting
+            _TANSU_LIKE[bootstrap] = True
+    return _TANSU_LIKE[bootstrap]
+
+
+class _ReplyConsumer(ReplyConsumer):
+    """faust's reply consumer with an ack-free reply topic.
+
+    faust reads replies with ``async for`` and so never acks the last reply; a worker that waits
+    for its streams at a rebalance or shutdown (``stream_wait_empty``) then waits forever.
+    Replies are not offsets anybody commits, so the topic is not tracked for acks at all.
+    """
+
+    def _reply_topic(self, topic: str) -> Any:
+        return self.app.topic(
+            topic,
+            partitions=1,
+            replicas=self.app.conf.topic_replication_factor,
+            deleting=True,
+            retention=self.app.conf.reply_expires,
+            value_type=ReqRepResponse,
+            acks=False,
+        )
+
+
+class AvccApp(faust.App):
+    """The faust App of an agent group."""
+
+    @cached_property
+    def _reply_consumer(self) -> ReplyConsumer:
+        return _ReplyConsumer(self, loop=self.loop, beacon=self.beacon)
+
+
+def create_app(
+    app_id: str,
+    *,
+    datadir: Path,
+    web_port: int,
+    reply_to: str | None = None,
+    **overrides: Any,
+) -> faust.App:
+    """A faust App (= consumer group ``app_id``) with the pipeline's transport and settings.
+
+    ``reply_to`` names a stable reply topic (``None``: faust's per-process one, for apps that
+    ask); ``overrides`` are further faust settings (tests use a shorter commit interval).
+    """
+    settings = get_settings()
+    tansu_like = tansu_like_broker(settings)
+    options: dict[str, Any] = {
+        "broker": f"{transport.SCHEME}://{settings.kafka_bootstrap}",
+        "broker_credentials": _credentials(settings),
+        "store": "rocksdb://",
+        "datadir": str(datadir),
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "autodiscover": False,
+        "topic_allow_declare": False,
+        "topic_disable_leader": True,
+        "topic_replication_factor": settings.replication_factor,
+        "producer_acks": -1,
+        "consumer_auto_offset_reset": "earliest",
+        "broker_session_timeout": settings.kafka_session_timeout_ms / 1000,
+        "broker_heartbeat_interval": max(1.0, settings.kafka_session_timeout_ms / 5000),
+        "broker_commit_every": 1000,
+        "broker_commit_interval": 1.0,
+        "web_host": settings.web_host,
+        "web_port": web_port,
+        "web_in_thread": False,
+        "table_standby_replicas": 0,
+        "stream_wait_empty": True,
+        "reply_create_topic": True,
+        "reply_to": reply_to,
+        "producer_max_batch_size": 1 if tansu_like else 16384,
+        **overrides,
+    }
+    app = AvccApp(app_id, **options)
+    transport.set_fetch_max_wait_ms(
+        app_id, transport.FETCH_MAX_WAIT_MS if tansu_like else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS
+    )
+    return app
+
+
+@cache
+def get_app(group: str) -> faust.App:
+    """The faust App of ``group`` (created once per process)."""
+    settings = get_settings()
+    spec = group_spec(group)
+    return create_app(
+        consumer_group_id(group),
+        datadir=settings.resolve_data_path("workers", group),
+        web_port=settings.web_port + spec.port_offset,
+        # groups that never ask share one stable (idle) reply topic; askers need their own
+        reply_to=None if spec.uses_replies else f"avcc-{group}-replies",
+    )

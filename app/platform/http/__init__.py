@@ -1,0 +1,1 @@
+"""HTTP stack of every worker: request signing and authorization, owner routing, common views."""

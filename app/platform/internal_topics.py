@@ -1,0 +1,70 @@
+"""Internal topics derived from the agent groups' tables (faust changelogs).
+
+Their names and partition counts follow from the tables each group declares, so they are
+computed from the groups rather than spelled in the plan; ``avcc topics apply`` and every worker
+create them explicitly (never through broker auto-creation, which would pick its own partition
+count and break co-partitioning).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+from app.platform.groups import GROUPS, GroupSpec
+from app.platform.topics import DAY_MS, INFINITE, TopicSpec
+
+__all__ = ["changelog_specs", "group_app", "reply_specs", "worker_topics"]
+
+
+def group_app(group: GroupSpec) -> Any:
+    """Import the group's agent module and return its faust App."""
+    return importlib.import_module(group.module).app
+
+
+def changelog_specs(groups: Iterable[GroupSpec] = GROUPS) -> list[TopicSpec]:
+    """A compacted topic per table of each group, partitioned like the table."""
+    specs: list[TopicSpec] = []
+    for group in groups:
+        app = group_app(group)
+        for table in app.tables.values():
+            specs.append(
+                TopicSpec(
+                    name=table.changelog_topic.get_topic_name(),
+                    partitions=int(table.partitions),
+                    retention_ms=INFINITE,
+                    cleanup_policy="compact",
+                    key_field="table key",
+                    profile="core",
+                    purpose=f"changelog of table {table.name!r} ({group.name} group)",
+                )
+            )
+    return specs
+
+
+def reply_specs(groups: Iterable[GroupSpec]) -> list[TopicSpec]:
+    """The reply topic of each group (faust subscribes it even when no agent asks).
+
+    Groups that ask (faust request/reply) get one per process (``app.conf.reply_to``), so it is
+    created when the worker starts; the others share a stable, idle one.
+    """
+    specs: list[TopicSpec] = []
+    for group in groups:
+        specs.append(
+            TopicSpec(
+                name=str(group_app(group).conf.reply_to),
+                partitions=1,
+                retention_ms=DAY_MS,
+                cleanup_policy="delete",
+                key_field="correlation id",
+                profile="core",
+                purpose=f"faust replies of the {group.name} group",
+            )
+        )
+    return specs
+
+
+def worker_topics(group: GroupSpec) -> list[TopicSpec]:
+    """Every internal topic a worker of ``group`` needs before it starts."""
+    return [*changelog_specs([group]), *reply_specs([group])]

@@ -1,0 +1,181 @@
+"""Applies the topic plan to a broker: creates missing topics, reports and fixes drift."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+
+from app.platform.errors import TopicPlanDrift
+from app.platform.settings import Settings
+from app.platform.topics import TOPIC_PLAN, TopicSpec
+
+__all__ = ["Drift", "PlanReport", "apply_plan", "describe_topics"]
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One difference between the plan and the broker."""
+
+    topic: str
+    setting: str
+    planned: str
+    actual: str
+    fixed: bool
+    note: str = ""
+
+    def line(self) -> str:
+        """Human-readable one-liner."""
+        state = "fixed" if self.fixed else "NOT FIXED"
+        note = f" ({self.note})" if self.note else ""
+        return f"{self.topic}: {self.setting} planned={self.planned} actual={self.actual} [{state}]{note}"
+
+
+@dataclass(slots=True)
+class PlanReport:
+    """Outcome of :func:`apply_plan`."""
+
+    created: list[str] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+
+    @property
+    def unfixed(self) -> list[Drift]:
+        """Drift that is still there."""
+        return [d for d in self.drift if not d.fixed]
+
+
+def _admin(settings: Settings) -> AdminClient:
+    return AdminClient(settings.kafka_client_config())
+
+
+def describe_topics(settings: Settings, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Partition count and the planned configs of each existing topic among ``names``."""
+    admin = _admin(settings)
+    metadata = admin.list_topics(timeout=_TIMEOUT_S)
+    wanted = [n for n in names if n in metadata.topics]
+    result: dict[str, dict[str, Any]] = {
+        n: {"partitions": len(metadata.topics[n].partitions)} for n in wanted
+    }
+    if wanted:
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in wanted]
+        for resource, future in admin.describe_configs(resources).items():
+            entries = future.result(timeout=_TIMEOUT_S)
+            result[resource.name]["config"] = {k: v.value for k, v in entries.items()}
+    return result
+
+
+def _describe_when_visible(settings: Settings, names: list[str], wait_s: float = 15.0) -> dict[str, Any]:
+    """Describe topics that exist but may not be in the metadata yet (right after creation)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = describe_topics(settings, names)
+        if len(found) == len(names) or time.monotonic() > deadline:
+            missing = sorted(set(names) - set(found))
+            if missing:
+                raise TopicPlanDrift(f"topics reported as existing but not visible in metadata: {missing}")
+            return found
+        time.sleep(0.5)
+
+
+def apply_plan(
+    settings: Settings,
+    plan: Iterable[TopicSpec] = TOPIC_PLAN,
+    *,
+    grow_partitions: bool = False,
+    fix_config: bool = True,
+) -> PlanReport:
+    """Create missing topics and verify existing ones against ``plan``.
+
+    Retention/cleanup drift is corrected (it is safe); a partition count below the plan is grown
+    only with ``grow_partitions`` (keys remap to other partitions, breaking per-record order for
+    in-flight records); a count above the plan can never be fixed.
+    """
+    specs = list(plan)
+    admin = _admin(settings)
+    report = PlanReport()
+    existing = describe_topics(settings, [s.name for s in specs])
+
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=settings.replication_factor,
+                    config=s.broker_config(),
+                )
+                for s in missing
+            ],
+            operation_timeout=_TIMEOUT_S,
+        )
+        raced: list[str] = []
+        for name, future in futures.items():
+            try:
+                future.result(timeout=_TIMEOUT_S)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+                raced.append(name)  # created meanwhile, or metadata lagged: verify it below
+            else:
+                report.created.append(name)
+        if raced:
+            existing.update(_describe_when_visible(settings, raced))
+
+    for spec in specs:
+        if spec.name not in existing:
+            continue
+        report.drift.extend(_check_topic(admin, spec, existing[spec.name], grow_partitions, fix_config))
+    return report
+
+
+def _check_topic(
+    admin: AdminClient,
+    spec: TopicSpec,
+    actual: dict[str, Any],
+    grow_partitions: bool,
+    fix_config: bool,
+) -> list[Drift]:
+    drift: list[Drift] = []
+    partitions = int(actual["partitions"])
+    if partitions < spec.partitions:
+        note = "growing remaps keys: in-flight records may be processed out of order"
+        if grow_partitions:
+            log.warning("%s: growing partitions %d -> %d; %s", spec.name, partitions, spec.partitions, note)
+            futures = admin.create_partitions([NewPartitions(spec.name, spec.partitions)])
+            for future in futures.values():
+                future.result(timeout=_TIMEOUT_S)
+        drift.append(
+            Drift(spec.name, "partitions", str(spec.partitions), str(partitions), grow_partitions, note)
+        )
+    elif partitions > spec.partitions:
+        drift.append(
+            Drift(
+                spec.name,
+                "partitions",
+                str(spec.partitions),
+                str(partitions),
+                False,
+                "Kafka cannot shrink partitions; recreate the topic or change the plan",
+            )
+        )
+
+    config: dict[str, str] = actual.get("config", {})
+    wrong = {k: v for k, v in spec.broker_config().items() if config.get(k) != v}
+    if wrong:
+        if fix_config:
+            resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name, set_config=spec.broker_config())
+            for future in admin.alter_configs([resource]).values():
+                future.result(timeout=_TIMEOUT_S)
+        for key, planned in wrong.items():
+            drift.append(Drift(spec.name, key, planned, str(config.get(key)), fix_config))
+    return drift

@@ -1,0 +1,227 @@
+"""Producer profiles of seed 9.3.1 and an asyncio wrapper around the confluent-kafka producer.
+
+The core profile (``acks=all``, idempotence, unbounded retries within a delivery timeout) is
+used for every core-topic, retry and DLQ message; the playback profile (``acks=1``,
+``linger.ms=5``, 64 KiB batches) for the firehose. confluent-kafka is used for both: its
+idempotent producer works on every broker we support (aiokafka's is refused by Tansu), it
+partitions with Java-compatible murmur2 in C, and it is ~8x faster than aiokafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from app.platform.errors import BrokerCapabilityError, DependencyUnavailable
+from app.platform.settings import Settings
+from app.platform.topics import ProducerProfile, TopicSpec
+
+__all__ = [
+    "PROFILES",
+    "Delivery",
+    "EventProducer",
+    "Headers",
+    "profile_config",
+]
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, bytes]]
+
+#: librdkafka's spelling of Java's Integer.MAX_VALUE retries.
+_UNBOUNDED_RETRIES = 2_147_483_647
+
+#: The two producer profiles of seed 9.3.1, in librdkafka configuration names.
+PROFILES: Mapping[ProducerProfile, Mapping[str, str | int | bool]] = {
+    "core": {
+        "acks": "all",
+        "enable.idempotence": True,
+        "retries": _UNBOUNDED_RETRIES,
+        "delivery.timeout.ms": 120_000,
+        "max.in.flight.requests.per.connection": 5,
+        "linger.ms": 1,
+        "partitioner": "murmur2_random",
+    },
+    "playback": {
+        "acks": 1,
+        "enable.idempotence": False,
+        "linger.ms": 5,
+        "batch.size": 64 * 1024,
+        "partitioner": "murmur2_random",
+        "queue.buffering.max.kbytes": 64 * 1024,
+        "queue.buffering.max.messages": 200_000,
+    },
+}
+
+
+def profile_config(settings: Settings, profile: ProducerProfile) -> dict[str, Any]:
+    """Full client configuration of ``profile``: connection/security settings plus the profile."""
+    conf: dict[str, Any] = settings.kafka_client_config()
+    conf.update(PROFILES[profile])
+    conf["statistics.interval.ms"] = 1000 if profile == "core" else 0
+    return conf
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where the broker stored a produced message."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class EventProducer:
+    """An asyncio-friendly confluent-kafka producer bound to one profile.
+
+    A daemon thread serves delivery callbacks; :meth:`send` resolves once the broker
+    acknowledged (so a consumer may commit its input after it), :meth:`send_nowait` only
+    enqueues (the playback path, where the profile accepts rare loss).
+    """
+
+    def __init__(self, settings: Settings, profile: ProducerProfile, client_id: str = "avcc") -> None:
+        self.profile: ProducerProfile = profile
+        self.config: dict[str, Any] = profile_config(settings, profile)
+        self.config["client.id"] = f"{client_id}-{profile}"
+        self._dev_mode = settings.dev_mode
+        self._stats: dict[str, Any] = {}
+        self._stats_event = threading.Event()
+        conf = dict(self.config)
+        if conf["statistics.interval.ms"]:
+            conf["stats_cb"] = self._on_stats
+        self._producer = Producer(conf)
+        self._running = True
+        self._poller = threading.Thread(target=self._poll_loop, name=f"producer-{profile}", daemon=True)
+        self._poller.start()
+
+    def _poll_loop(self) -> None:
+        while self._running:
+            self._producer.poll(0.05)
+
+    def _on_stats(self, raw: str) -> None:
+        self._stats = orjson.loads(raw)
+        self._stats_event.set()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The latest librdkafka statistics (core profile only)."""
+        return self._stats
+
+    def idempotence_state(self, timeout_s: float = 10.0) -> str:
+        """librdkafka's idempotent-producer state (``Assigned`` once the broker gave a PID)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._producer.list_topics(timeout=min(2.0, timeout_s))
+            state = str(self._stats.get("eos", {}).get("idemp_state", ""))
+            if state == "Assigned":
+                return state
+            self._stats_event.clear()
+            self._stats_event.wait(0.5)
+        return str(self._stats.get("eos", {}).get("idemp_state", "unknown"))
+
+    def verify_profile(self, timeout_s: float = 15.0) -> None:
+        """Check the broker honours this profile; refuse (outside dev mode) if it does not."""
+        if not self.config.get("enable.idempotence"):
+            return
+        state = self.idempotence_state(timeout_s)
+        if state != "Assigned":
+            message = (
+                f"broker {self.config['bootstrap.servers']} did not grant an idempotent producer id "
+                f"(state {state!r}): the core profile (acks=all + idempotence) cannot be honoured"
+            )
+            if not self._dev_mode:
+                raise BrokerCapabilityError(message)
+            log.warning("DEV MODE: %s", message)
+
+    async def send(
+        self,
+        topic: TopicSpec | str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> Delivery:
+        """Produce one message and wait for the broker's acknowledgement."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Delivery] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                exc: Exception = DependencyUnavailable(f"produce to {msg.topic()} failed: {err.str()}")
+                loop.call_soon_threadsafe(_settle_error, future, exc)
+            else:
+                delivery = Delivery(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+                loop.call_soon_threadsafe(_settle, future, delivery)
+
+        self._produce(topic, value, key, headers, partition, on_delivery)
+        return await future
+
+    async def send_many(
+        self, messages: Sequence[tuple[TopicSpec | str, bytes, bytes | None, Headers | None]]
+    ) -> list[Delivery]:
+        """Produce several messages and wait until all are acknowledged (order kept per key)."""
+        return list(await asyncio.gather(*(self.send(t, v, k, h) for t, v, k, h in messages)))
+
+    def send_nowait(self, topic: TopicSpec | str, value: bytes, key: bytes | None = None) -> None:
+        """Enqueue without waiting; raises ``BufferError`` when the local queue is full."""
+        name = topic if isinstance(topic, str) else topic.name
+        self._producer.produce(name, value, key)
+
+    def _produce(
+        self,
+        topic: TopicSpec | str,
+        value: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+        partition: int | None,
+        callback: Any,
+    ) -> None:
+        name = topic if isinstance(topic, str) else topic.name
+        kwargs: dict[str, Any] = {"on_delivery": callback}
+        if headers:
+            kwargs["headers"] = list(headers)
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(name, value, key, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise DependencyUnavailable(f"produce to {name} failed: {exc}") from exc
+
+    def queue_length(self) -> int:
+        """Messages waiting in the local queue (for backpressure decisions)."""
+        return len(self._producer)
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        """Block until queued messages are delivered; returns how many are still queued."""
+        return int(self._producer.flush(timeout_s))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush and stop the delivery thread."""
+        remaining = self.flush(timeout_s)
+        if remaining:
+            log.error("%d %s messages undelivered at close", remaining, self.profile)
+        self._running = False
+        self._poller.join(timeout=5)
+        del self._producer  # releases librdkafka's connections now, not at garbage collection
+
+
+def _settle(future: asyncio.Future[Delivery], delivery: Delivery) -> None:
+    if not future.done():
+        future.set_result(delivery)
+
+
+def _settle_error(future: asyncio.Future[Delivery], exc: Exception) -> None:
+    if not future.done():
+        future.set_exception(exc)

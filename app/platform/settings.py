@@ -1,0 +1,159 @@
+"""Settings: one frozen object read from ``AVCC_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.platform.errors import ConfigurationError
+
+__all__ = ["DEV_HMAC_KEYS", "Settings", "get_settings"]
+
+#: The only credential the project ships, for the dev stack alone (``avcc dev`` says so loudly).
+DEV_HMAC_KEYS: dict[str, str] = {"dev": "dev-secret"}
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class Settings(BaseSettings):
+    """Every knob of the pipeline. Each field maps to ``AVCC_<FIELD>`` (upper case)."""
+
+    model_config = SettingsConfigDict(env_prefix="AVCC_", frozen=True, extra="ignore")
+
+    kafka_url: str = Field(
+        "kafka://127.0.0.1:19092",
+        description="Kafka bootstrap URL(s), `kafka://host:port[;host:port]`. The default is "
+        "where `avcc dev` starts the embedded Tansu broker.",
+    )
+    kafka_security_protocol: SecurityProtocol = Field(
+        "PLAINTEXT", description="Kafka security protocol, passed to every client."
+    )
+    kafka_sasl_mechanism: SaslMechanism | None = Field(None, description="SASL mechanism.")
+    kafka_sasl_username: str | None = Field(None, description="SASL user name.")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password.")
+    kafka_ssl_cafile: Path | None = Field(None, description="CA bundle for TLS to Kafka.")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate for mTLS.")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client key for mTLS.")
+    kafka_session_timeout_ms: int = Field(
+        10_000, description="Consumer session timeout; low so rebalances after a crash are quick."
+    )
+    kafka_single_record_batches: bool | None = Field(
+        None,
+        description="Make faust write one record per batch (changelogs, replies). Needed on Tansu, "
+        "whose high watermark only counts the first record of the last batch, which breaks table "
+        "recovery. Unset: detected from the broker's cluster id.",
+    )
+    replication_factor: int = Field(1, description="Replication factor for created topics.")
+
+    clickhouse_url: str = Field(
+        "chdb://chdb",
+        description="`clickhouse://host:port/db` for a server, `chdb:///path` for embedded chDB "
+        "(a relative path is resolved against the data dir).",
+    )
+    data_dir: Path = Field(Path("var"), description="Local state: RocksDB tables, ledger, chDB.")
+    web_host: str = Field("127.0.0.1", description="Interface the web views bind to.")
+    web_port: int = Field(6066, description="Web port of the console (workers use the next ones).")
+    dev_mode: bool = Field(
+        False,
+        description="Dev stack only: allows the shipped dev HMAC key and a broker that cannot "
+        "honour the core profile (with a loud warning).",
+    )
+    hmac_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='API keys for the `/v1/` endpoints as JSON, e.g. `{"partner-a": "secret"}`. '
+        "Empty outside dev mode means every signed request is refused.",
+    )
+    hmac_max_skew_ms: int = Field(300_000, description="Accepted clock skew of signed requests.")
+    operator_users: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='Operator console logins as JSON `{"user": "password"}` (dev: admin/admin).',
+    )
+    avcc_org: str = Field("10005", description="Issuer (organisation) digits of AVCC codes.")
+    avcc_node: str = Field("8361", description="Node digits of AVCC codes.")
+    block_interval_ms: int = Field(100, description="Local ledger block interval.")
+    retry_backoff_s: tuple[float, ...] = Field(
+        (1.0, 2.0, 4.0), description="In-process retry delays; its length is the retry count."
+    )
+    retry_topic_rounds: int = Field(
+        1, description="Rounds through the retry topic before a message is dead-lettered."
+    )
+    retry_topic_delay_s: float = Field(8.0, description="Delay before a retry-topic redelivery.")
+    alert_webhook_url: str | None = Field(
+        None, description="Alertmanager-compatible webhook for P2 alerts (log sink always on)."
+    )
+    alert_dedup_window_s: float = Field(300.0, description="Same group+error alerts merge window.")
+    worker_stall_s: float = Field(
+        120.0,
+        description="A faust worker whose assigned partitions keep lag while their committed "
+        "offsets do not move for this long exits (status 70) to be restarted; 0 disables.",
+    )
+    log_level: str = Field("INFO", description="Log level of workers.")
+
+    @field_validator("avcc_org", "avcc_node")
+    @classmethod
+    def _digits(cls, value: str) -> str:
+        if not value.isdigit() or len(value) > 10:
+            raise ValueError("must be 1-10 digits")
+        return value
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """``host:port[,host:port]`` from :attr:`kafka_url`."""
+        parsed = urlparse(self.kafka_url)
+        if parsed.scheme not in {"kafka", ""} or not parsed.netloc:
+            raise ConfigurationError(
+                f"AVCC_KAFKA_URL must look like kafka://host:port, got {self.kafka_url!r}"
+            )
+        return parsed.netloc.replace(";", ",")
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """Security settings in librdkafka spelling, passed through to every confluent client."""
+        conf: dict[str, str] = {
+            "bootstrap.servers": self.kafka_bootstrap,
+            "security.protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism:
+            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
+        if self.kafka_sasl_username:
+            conf["sasl.username"] = self.kafka_sasl_username
+        if self.kafka_sasl_password:
+            conf["sasl.password"] = self.kafka_sasl_password.get_secret_value()
+        if self.kafka_ssl_cafile:
+            conf["ssl.ca.location"] = str(self.kafka_ssl_cafile)
+        if self.kafka_ssl_certfile:
+            conf["ssl.certificate.location"] = str(self.kafka_ssl_certfile)
+        if self.kafka_ssl_keyfile:
+            conf["ssl.key.location"] = str(self.kafka_ssl_keyfile)
+        return conf
+
+    def effective_hmac_keys(self) -> dict[str, str]:
+        """Configured API keys; in dev mode the shipped dev key is added."""
+        keys = {name: secret.get_secret_value() for name, secret in self.hmac_keys.items()}
+        if self.dev_mode:
+            keys = {**DEV_HMAC_KEYS, **keys}
+        return keys
+
+    def effective_operators(self) -> dict[str, str]:
+        """Operator logins; in dev mode ``admin``/``admin`` is added."""
+        users = {name: secret.get_secret_value() for name, secret in self.operator_users.items()}
+        if self.dev_mode:
+            users = {"admin": "admin", **users}
+        return users
+
+    def resolve_data_path(self, *parts: str) -> Path:
+        """A path under the data dir, created on demand."""
+        path = self.data_dir.joinpath(*parts)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once from the environment)."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Playback: the partner firehose — gateway ingest, ClickHouse sink, anomaly detection."""

@@ -1,0 +1,1 @@
+"""gateway-svc: signed playback batches from partners onto topic.playback.event."""

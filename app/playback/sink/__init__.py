@@ -1,0 +1,1 @@
+"""clickhouse-sink: columnar validation and batched, idempotent inserts into ClickHouse."""
