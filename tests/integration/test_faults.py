@@ -35,11 +35,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.platform.contracts import encode_event
 from app.platform.kafka.partitioner import partition_for, record_key
 from app.platform.topics import DLQ, RETRY
 from schemas.apply import AiToolInfo, ApplyCreated
-from schemas.envelope import make_envelope
+from schemas.envelope import encode_event, make_envelope
 from schemas.system import FailureMetadata
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -14,12 +14,11 @@ import pytest
 from confluent_kafka import Producer
 
 from app.ops.lag.monitor import AlertEvent, LagMonitor, LagReport, LagSettings
-from app.platform.contracts import encode_event
 from app.platform.kafka.partitioner import record_key
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED
 from schemas.apply import AiToolInfo, ApplyCreated
-from schemas.envelope import make_envelope
+from schemas.envelope import encode_event, make_envelope
 from tests.integration.stack import Stack
 
 QUEUED = 1100
