@@ -31,7 +31,7 @@ from app.lifecycle.code.claims import (
 )
 from app.lifecycle.code.records import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, header_value, now_ms
+from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
 from app.platform.http.auth import authorize
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
 from app.platform.http.routing import answer_at_owner, record_request
@@ -96,7 +96,7 @@ async def repartition_review_finished(stream: Any) -> None:
     """Relay review.task.finished (12 partitions) to the code group's 6-partition inbox."""
     async for event in stream.events():
         message = event.message
-        target = header_value(message.headers, "avcc-target-group")
+        target = header_value(message.headers, HEADER_TARGET_GROUP)
         if target is not None and target != b"code":
             continue
         headers = list(

@@ -16,6 +16,7 @@ from app.platform.faust import transport
 from app.platform.groups import group_spec
 from app.platform.http.counting import count_requests
 from app.platform.settings import Settings, get_settings
+from app.platform.topics import reply_topic
 
 __all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app", "tansu_like_broker"]
 
@@ -171,5 +172,5 @@ def get_app(group: str) -> faust.App:
         datadir=settings.resolve_data_path("workers", group),
         web_port=settings.web_port + spec.port_offset,
         # groups that never ask share one stable (idle) reply topic; askers need their own
-        reply_to=None if spec.uses_replies else f"avcc-{group}-replies",
+        reply_to=None if spec.uses_replies else reply_topic(group),
     )
