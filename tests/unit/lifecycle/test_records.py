@@ -2,28 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
-
 from app.lifecycle.code.records import SEEN, apply_created, is_duplicate
 from app.platform.topics import DAY_MS
-from schemas.apply import ApplyCreated
-from schemas.envelope import Envelope, make_envelope
-
-HASH = "sha256:" + hashlib.sha256(b"work").hexdigest()
-
-
-def applied() -> Envelope[ApplyCreated]:
-    fields: dict[str, Any] = {
-        "request_id": "req_1",
-        "avcc_record_id": 10042,
-        "content_url": "oss://bucket/works/1.mp4",
-        "content_hash": HASH,
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "1.0.2"},
-        "priority": 5,
-        "title": "Sunrise",
-    }
-    return make_envelope(ApplyCreated.model_validate(fields), source="code-svc")
+from tests.unit.lifecycle.applications import applied
 
 
 def test_ids_kept_as_long_as_chain_receipts_are() -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
-from typing import Any
 
 import pytest
 
@@ -16,23 +14,9 @@ from schemas.apply import ApplyCreated
 from schemas.decision import HumanDecision
 from schemas.envelope import Envelope, make_envelope
 from schemas.review import ReviewTaskFinished
+from tests.unit.lifecycle.applications import applied
 
-HASH = "sha256:" + hashlib.sha256(b"work").hexdigest()
 CONFIG = ReviewConfig()
-
-
-def applied(**changes: Any) -> Envelope[ApplyCreated]:
-    fields: dict[str, Any] = {
-        "request_id": "req_1",
-        "avcc_record_id": 10042,
-        "content_url": "oss://bucket/works/1.mp4",
-        "content_hash": HASH,
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "1.0.2"},
-        "priority": 5,
-        "title": "Sunrise",
-        **changes,
-    }
-    return make_envelope(ApplyCreated.model_validate(fields), source="code-svc")
 
 
 def decided(decision: str = "approve") -> Envelope[HumanDecision]:
