@@ -1,1 +1,1 @@
-"""HTTP stack of every worker: JSON answers, request signing and authorization, owner routing, counting, common views."""
+"""HTTP stack of every worker: JSON answers, signing and auth, owner routing, counting, common views."""
