@@ -1,40 +1,41 @@
-"""chain group (chain-svc): approved reviews -> ``chain.tx.pending`` -> ledger -> ``chain.tx.confirmed``.
+"""chain group (chain-svc): wiring of approved reviews -> ``chain.tx.pending`` -> ledger -> confirmations.
 
 Submission is idempotent by the transaction's idempotency key twice over: the ``submissions``
 table remembers receipts, and the chain backend itself returns the original receipt for a key
 it has seen (so a crash between submitting and recording never makes a second transaction).
+The logic lives in :mod:`app.lifecycle.chain`; the state in :mod:`tables.chain`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
-import orjson
-
-from app.lifecycle.chain.ledger import ChainBackend, LocalLedger, PendingTx
-from app.platform.errors import BusinessRuleViolation
+from app.lifecycle.chain.ledger import ChainBackend, LocalLedger
+from app.lifecycle.chain.transactions import (
+    PENDING_SEEN,
+    REVIEWS_SEEN,
+    ReviewsSeen,
+    evidence_pending,
+    pending_tx,
+    receipt_confirmed,
+    submission_of,
+)
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, KeyedConcurrency, Outgoing, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, KeyedConcurrency, now_ms
 from app.platform.http.views import install_common_views
-from app.platform.kafka.partitioner import record_key
 from app.platform.settings import get_settings
-from app.platform.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
-from schemas.chain import ChainTxConfirmed, ChainTxPending, EvidencePayload
-from schemas.envelope import Envelope, make_envelope
-from schemas.review import ReviewTaskFinished
-from tables.chain import reviews_seen, submissions
+from app.platform.topics import CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
+from schemas.chain import ChainTxPending
+from schemas.envelope import Envelope
+from tables.chain import pending_parking, review_parking, reviews_seen, submissions
 
-__all__ = ["app", "evidence_pending", "receipt_confirmed"]
+__all__ = ["app"]
 
 app = get_app("chain")
 settings = get_settings()
 runtime = GroupRuntime("chain", "chain-svc", app)
 install_common_views(app, "chain")
-
-EVENT_NS = uuid.UUID("9d2c0b55-7c7a-4a5e-b0a8-2f4c3f1e7d21")
-SEEN_TTL_MS = 7 * 24 * 60 * 60 * 1000
 
 review_results = app.topic(
     REVIEW_TASK_FINISHED.name,
@@ -52,8 +53,6 @@ pending = app.topic(
     key_serializer="raw",
     value_serializer="raw",
 )
-review_parking = runtime.parking_table("chain-reviews", REVIEW_TASK_FINISHED.partitions)
-pending_parking = runtime.parking_table("chain-pending", CHAIN_TX_PENDING.partitions)
 
 _backend: ChainBackend | None = None
 _backend_lock = asyncio.Lock()
@@ -68,65 +67,18 @@ async def backend() -> ChainBackend:
         return _backend
 
 
-def evidence_pending(envelope: Envelope[ReviewTaskFinished]) -> Outgoing | None:
-    """The evidence-notarisation transaction of an approved review (pure); None otherwise."""
-    r = envelope.payload
-    if r.decision != "approved":
-        return None
-    if r.content_hash is None:
-        raise BusinessRuleViolation("payload.content_hash: needed to notarise an approved work")
-    payload = ChainTxPending(
-        avcc_record_id=r.avcc_record_id,
-        chain_type="copyright_main",
-        idempotency_key=f"evidence-{r.avcc_record_id}",
-        request_id=r.request_id,
-        evidence=EvidencePayload(
-            content_hash=r.content_hash,
-            report_hash=r.report_hash,
-            final_level=r.final_level,
-            review_report_id=r.review_report_id,
-            applicant_id=r.applicant_id,
-        ),
-    )
-    env = make_envelope(
-        payload, source="chain-svc", event_id=uuid.uuid5(EVENT_NS, f"pending:{envelope.event_id}")
-    )
-    return Outgoing(CHAIN_TX_PENDING, env, r.avcc_record_id)
-
-
-def receipt_confirmed(tx: ChainTxPending, receipt: Any, idempotency_key: str) -> Outgoing:
-    """``chain.tx.confirmed`` for a receipt (pure; same key -> same event id)."""
-    payload = ChainTxConfirmed(
-        avcc_record_id=tx.avcc_record_id,
-        chain_type=tx.chain_type,
-        tx_hash=receipt.tx_hash,
-        block_height=receipt.block_height,
-        status=receipt.status,
-        crd_address=receipt.crd_address,
-        idempotency_key=idempotency_key,
-        instruction_id=tx.settlement.instruction_id if tx.settlement is not None else None,
-        error=receipt.error,
-    )
-    env = make_envelope(
-        payload, source="chain-svc", event_id=uuid.uuid5(EVENT_NS, f"confirmed:{idempotency_key}")
-    )
-    return Outgoing(CHAIN_TX_CONFIRMED, env, tx.avcc_record_id)
-
-
 async def handle_review_result(envelope: Envelope[Any]) -> Effects:
     """Approved review -> pending evidence transaction (deduplicated per record)."""
-    key = record_key(envelope.payload.avcc_record_id)
-    seen: dict[str, int] = orjson.loads(reviews_seen.get(key) or b"{}")
+    key = str(envelope.payload.avcc_record_id)
+    seen = reviews_seen.get(key) or ReviewsSeen()
     event_id = str(envelope.event_id)
-    if event_id in seen:
+    if REVIEWS_SEEN.contains(seen.root, event_id):
         return Effects(duplicate=True)
     output = evidence_pending(envelope)
-    now = now_ms()
-    seen = {k: v for k, v in seen.items() if now - v < SEEN_TTL_MS}
-    seen[event_id] = now
+    remembered = ReviewsSeen(REVIEWS_SEEN.remember(seen.root, event_id, now_ms()))
 
     def store() -> None:
-        reviews_seen[key] = orjson.dumps(seen)
+        reviews_seen[key] = remembered
 
     return Effects(outputs=[output] if output else [], apply=store)
 
@@ -134,33 +86,16 @@ async def handle_review_result(envelope: Envelope[Any]) -> Effects:
 async def handle_pending(envelope: Envelope[Any]) -> Effects:
     """Submit a pending transaction (idempotent by key) and publish its receipt."""
     tx: ChainTxPending = envelope.payload
-    key = tx.idempotency_key.encode()
-    known = submissions.get(key)
-    if known and str(envelope.event_id) in orjson.loads(known).get("seen", {}):
+    known = submissions.get(tx.idempotency_key)
+    if known is not None and PENDING_SEEN.contains(known.seen, str(envelope.event_id)):
         return Effects(duplicate=True)
     ledger = await backend()
-    body = tx.model_dump(mode="json", exclude_none=True)
-    receipt = await ledger.submit(
-        PendingTx(
-            idempotency_key=tx.idempotency_key,
-            chain_type=tx.chain_type,
-            avcc_record_id=tx.avcc_record_id,
-            body=body,
-        )
-    )
+    receipt = await ledger.submit(pending_tx(tx))
     output = receipt_confirmed(tx, receipt, tx.idempotency_key)
-    previous = orjson.loads(known) if known else {"seen": {}}
-    record = {
-        "avcc_record_id": tx.avcc_record_id,
-        "chain_type": tx.chain_type,
-        "tx_hash": receipt.tx_hash,
-        "block_height": receipt.block_height,
-        "status": receipt.status,
-        "seen": {**previous["seen"], str(envelope.event_id): now_ms()},
-    }
+    record = submission_of(known, tx, receipt, str(envelope.event_id), now_ms())
 
     def store() -> None:
-        submissions[key] = orjson.dumps(record)
+        submissions[tx.idempotency_key] = record
 
     return Effects(outputs=[output], apply=store)
 

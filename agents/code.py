@@ -1,10 +1,11 @@
-"""code group (code-svc): HTTP applications, record lifecycle, AVCC code issuance.
+"""code group (code-svc): wiring of HTTP applications, record lifecycle and AVCC code issuance.
 
 Inputs, all co-partitioned on 6 partitions keyed by ``avcc_record_id``: ``apply.created`` (the
 group's own output, so the record exists in its table), ``review.task.finished`` repartitioned
 from 12 to 6 partitions through an internal topic, and ``chain.tx.confirmed``. Applications are
 claimed per content hash by the claims agent (faust ask/reply), which serialises concurrent
-requests for one work on one partition owner: one work, one record, one code.
+requests for one work on one partition owner: one work, one record, one code. The logic lives in
+:mod:`app.lifecycle.code`; the state in :mod:`tables.code`.
 """
 
 from __future__ import annotations
@@ -12,27 +13,29 @@ from __future__ import annotations
 import asyncio
 import html
 import time
-import uuid
 from typing import Any
 
 import faust
-import orjson
 from aiohttp import web
 
+from app.lifecycle.code.claims import (
+    CLAIM_TIMEOUT_S,
+    Claim,
+    ClaimAnswer,
+    ClaimSequence,
+    answer_existing,
+    application_answer,
+    apply_created_for,
+    record_id_for,
+    sequence_key,
+)
 from app.lifecycle.code.records import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, Outgoing, header_value, now_ms
-from app.platform.http.routing import (
-    BadRequest,
-    answer_at_owner,
-    authorize,
-    json_error,
-    json_response,
-    parse_body,
-    record_request,
-)
+from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
+from app.platform.http.auth import authorize
+from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
+from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
-from app.platform.kafka.partitioner import record_key
 from app.platform.settings import get_settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -40,13 +43,14 @@ from app.platform.topics import (
     CODE_CLAIMS,
     CODE_REVIEW_FINISHED,
     REVIEW_TASK_FINISHED,
+    TopicSpec,
 )
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
-from schemas.envelope import Envelope, make_envelope
+from schemas.envelope import Envelope
 from schemas.review import ReviewTaskFinished
-from tables.code import claims, records
+from tables.code import claim_sequences, claims, record_parking, records
 
 __all__ = ["app"]
 
@@ -55,15 +59,8 @@ settings = get_settings()
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
 
-#: Namespace of the code group's name-based (deterministic) event ids.
-EVENT_NS = uuid.UUID("6f1c3c0e-6d59-4f43-9a51-8f3f0a7c2a01")
-#: Record ids: ID_BASE + sequence * ID_STRIDE + claims partition -> unique across workers.
-ID_BASE = 10_000
-ID_STRIDE = 64
-CLAIM_TIMEOUT_S = 15.0
 
-
-def _raw_topic(spec: Any, *more: Any) -> Any:
+def _raw_topic(spec: TopicSpec, *more: TopicSpec) -> Any:
     names = [spec.name, *(m.name for m in more)]
     return app.topic(
         *names,
@@ -76,9 +73,7 @@ def _raw_topic(spec: Any, *more: Any) -> Any:
 
 
 review_source = _raw_topic(REVIEW_TASK_FINISHED)
-review_repartitioned = _raw_topic(CODE_REVIEW_FINISHED)
 record_inputs = _raw_topic(APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
-record_parking = runtime.parking_table("records", APPLY_CREATED.partitions)
 
 
 class ClaimRequest(faust.Record, serializer="json"):
@@ -101,7 +96,7 @@ async def repartition_review_finished(stream: Any) -> None:
     """Relay review.task.finished (12 partitions) to the code group's 6-partition inbox."""
     async for event in stream.events():
         message = event.message
-        target = header_value(message.headers, "avcc-target-group")
+        target = header_value(message.headers, HEADER_TARGET_GROUP)
         if target is not None and target != b"code":
             continue
         headers = list(
@@ -110,18 +105,13 @@ async def repartition_review_finished(stream: Any) -> None:
         await runtime.producer.send(CODE_REVIEW_FINISHED, message.value, message.key, headers)
 
 
-def _load(key: bytes) -> RecordState | None:
-    raw = records.get(key)
-    return RecordState.model_validate_json(raw) if raw else None
-
-
 async def handle_record_event(envelope: Envelope[Any]) -> Effects:
     """Apply one lifecycle event to its record (pure transition, then a table write)."""
     payload = envelope.payload
     if isinstance(payload, ChainTxConfirmed) and payload.chain_type != "copyright_main":
         return Effects()
-    key = record_key(payload.avcc_record_id)
-    state = _load(key)
+    key = str(payload.avcc_record_id)
+    state = records.get(key)
     if is_duplicate(state, envelope):
         return Effects(duplicate=True)
     now = now_ms()
@@ -134,7 +124,7 @@ async def handle_record_event(envelope: Envelope[Any]) -> Effects:
         new = tx_confirmed(state, envelope, now, org, node)
 
     def store() -> None:
-        records[key] = new.model_dump_json().encode()
+        records[key] = new
 
     return Effects(apply=store)
 
@@ -147,8 +137,19 @@ async def record_lifecycle(stream: Any) -> None:
         await runtime.process(event, handle_record_event, topic=topic, parking=record_parking)
 
 
-def _claim_reply(status: int, claim: dict[str, Any], note: str) -> dict[str, Any]:
-    return {"http_status": status, "note": note, **claim}
+async def claim(application: ApplicationRequest, partition: int) -> ClaimAnswer:
+    """Find or make the claim of ``application``'s content hash on claims ``partition``."""
+    existing = claims.get(application.content_hash)
+    if existing is not None:
+        return answer_existing(existing, application.request_id)
+    sequence = claim_sequences.get(sequence_key(partition))
+    seq = sequence.root if sequence is not None else 0
+    record_id = record_id_for(seq, partition)
+    await runtime.emit([apply_created_for(application, record_id)])
+    new = Claim(avcc_record_id=record_id, request_id=application.request_id, claimed_ms=now_ms())
+    claim_sequences[sequence_key(partition)] = ClaimSequence(seq + 1)
+    claims[application.content_hash] = new
+    return ClaimAnswer(202, "created", new)
 
 
 @app.agent(claims_topic)
@@ -157,38 +158,8 @@ async def claim_applications(stream: Any) -> Any:
     async for request in stream:
         event = faust.current_event()
         partition = event.message.partition if event is not None else 0
-        body = ApplicationRequest.model_validate_json(request.body)
-        hash_key = body.content_hash.encode()
-        existing = claims.get(hash_key)
-        if existing:
-            claim = orjson.loads(existing)
-            if claim["request_id"] == body.request_id:
-                yield _claim_reply(202, claim, "same request_id: the existing record")
-            else:
-                yield _claim_reply(409, claim, "content_hash already registered")
-            continue
-        seq_key = f"__seq__:{partition}".encode()
-        seq = int(claims.get(seq_key) or b"0")
-        record_id = ID_BASE + seq * ID_STRIDE + partition
-        payload = ApplyCreated(
-            request_id=body.request_id,
-            avcc_record_id=record_id,
-            content_url=body.content_url,
-            content_hash=body.content_hash,
-            ai_tool_info=body.ai_tool_info,
-            priority=body.priority,
-            title=body.title,
-            applicant_id=body.applicant_id,
-            media_type=body.media_type,
-        )
-        envelope = make_envelope(
-            payload, source="code-svc", event_id=uuid.uuid5(EVENT_NS, f"apply.created:{record_id}")
-        )
-        await runtime.emit([Outgoing(APPLY_CREATED, envelope, record_id)])
-        claim = {"avcc_record_id": record_id, "request_id": body.request_id, "claimed_ms": now_ms()}
-        claims[seq_key] = str(seq + 1).encode()
-        claims[hash_key] = orjson.dumps(claim)
-        yield _claim_reply(202, claim, "created")
+        answer = await claim(ApplicationRequest.model_validate_json(request.body), partition)
+        yield answer.as_reply()
 
 
 ROUTE_APPLY = "/v1/avcc/applications"
@@ -201,13 +172,13 @@ class Applications(faust.web.View):
 
     async def post(self, request: web.Request) -> web.Response:
         body = await request.read()
-        denied = await authorize(request, body, settings, route=ROUTE_APPLY)
+        denied = await authorize(request, body, settings)
         if denied is not None:
             return denied
         try:
             application = parse_body(ApplicationRequest, body)
         except BadRequest as exc:
-            return json_error(400, str(exc), ROUTE_APPLY, "POST", fields=list(exc.fields))
+            return json_error(400, str(exc), fields=list(exc.fields))
         try:
             reply = await asyncio.wait_for(
                 claim_applications.ask(
@@ -217,18 +188,9 @@ class Applications(faust.web.View):
                 CLAIM_TIMEOUT_S,
             )
         except TimeoutError:
-            return json_error(503, "claim timed out; retry with the same request_id", ROUTE_APPLY, "POST")
-        status = int(reply["http_status"])
-        record_id = int(reply["avcc_record_id"])
-        answer = {
-            "request_id": application.request_id,
-            "avcc_record_id": record_id,
-            "status": "submitted" if status == 202 else "conflict",
-        }
-        if status == 409:
-            answer["error"] = reply["note"]
-            answer["existing_request_id"] = reply["request_id"]
-        return json_response(answer, status, ROUTE_APPLY, "POST")
+            return json_error(503, "claim timed out; retry with the same request_id")
+        status, answer = application_answer(application.request_id, reply)
+        return json_response(answer, status)
 
 
 @app.page(ROUTE_RECORD)
@@ -236,19 +198,18 @@ class Record(faust.web.View):
     """``GET``: a record with its history, answered by the owner of its partition."""
 
     async def get(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        req = await record_request(request, avcc_record_id, settings, route=ROUTE_RECORD)
+        req = await record_request(request, avcc_record_id, settings)
         if isinstance(req, web.Response):
             return req
-        key = req.key
         routed = await answer_at_owner(
-            app, records, key, request, req.body, settings, forwarded=req.forwarded, route=ROUTE_RECORD
+            app, records.table, req.key, request, req.body, settings, forwarded=req.forwarded
         )
         if routed is not None:
             return routed
-        state = _load(key)
+        state = records.get(str(req.record_id))
         if state is None:
-            return json_error(404, f"record {avcc_record_id} not found", ROUTE_RECORD, "GET")
-        return json_response(state.public(), 200, ROUTE_RECORD, "GET")
+            return json_error(404, f"record {avcc_record_id} not found")
+        return json_response(state.public())
 
 
 def _record_row(s: RecordState) -> str:
@@ -269,8 +230,7 @@ class RecentRecords(faust.web.View):
     """Operator page: the records held by this worker, most recently updated first."""
 
     async def get(self, request: web.Request) -> web.Response:
-        states = [RecordState.model_validate_json(v) for _, v in records.items() if v]
-        states.sort(key=lambda s: s.updated_ms or 0, reverse=True)
+        states = sorted(records.values(), key=lambda s: s.updated_ms or 0, reverse=True)
         rows = "".join(_record_row(s) for s in states[:200])
         page = (
             "<!doctype html><title>AVCC records</title><h1>Recent records</h1>"

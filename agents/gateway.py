@@ -51,13 +51,12 @@ from app.platform.http.auth import (
     NonceCache,
     PayloadTooLarge,
     authenticate,
-    json_error,
-    json_response,
     read_body,
 )
+from app.platform.http.responses import json_error, json_response
 from app.platform.http.views import install_common_views
 from app.platform.kafka.producers import EventProducer
-from app.platform.metrics import EVENTS_OUT, HTTP_REQUESTS, INGEST_ITEMS
+from app.platform.metrics import EVENTS_OUT, INGEST_ITEMS
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import PLAYBACK_EVENT
 from schemas.playback import PlaybackEvent
@@ -233,16 +232,7 @@ class PlaybackIngest:
             self._producer = None
 
     async def handle(self, request: web.Request) -> web.Response:
-        """Answer one ``POST`` (counted in ``avcc_http_requests_total``)."""
-        status = 500
-        try:
-            response = await self._handle(request)
-            status = response.status
-            return response
-        finally:
-            HTTP_REQUESTS.labels(ROUTE, request.method, str(status)).inc()
-
-    async def _handle(self, request: web.Request) -> web.Response:
+        """Answer one ``POST`` (counted in ``avcc_http_requests_total`` by the worker's middleware)."""
         limits = self.limits
         try:
             body = await read_body(request, limits.max_body_bytes)

@@ -51,7 +51,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.platform.errors import NON_RETRIABLE, DependencyUnavailable, RetriableError
 from app.platform.faust.app import consumer_group_id, get_app
-from app.platform.http.auth import json_error, json_response, require_hmac
+from app.platform.http.auth import require_hmac
+from app.platform.http.responses import json_error, json_response
 from app.platform.http.views import install_common_views
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import (
@@ -62,7 +63,6 @@ from app.platform.metrics import (
     DLQ_MESSAGES,
     EVENT_AGE,
     EVENTS_IN,
-    HTTP_REQUESTS,
     PROCESSING_SECONDS,
     SINK_COMMIT_FAILURES,
     SINK_DROPPED_ON_REVOKE,
@@ -921,21 +921,14 @@ def _text_param(query: Any, name: str) -> str | None:
 
 
 async def _answer(route: str, request: web.Request, work: Callable[[ClickHouseBackend], Any]) -> web.Response:
-    status = 500
+    runner = _active
+    if runner is None:
+        return json_error(503, "the sink is not running", reason="unavailable", retry_after_s=1)
     try:
-        runner = _active
-        if runner is None:
-            response = json_error(503, "the sink is not running", reason="unavailable", retry_after_s=1)
-        else:
-            try:
-                body = await asyncio.get_running_loop().run_in_executor(None, work, runner.query_backend)
-                response = json_response(body)
-            except DependencyUnavailable as exc:
-                response = json_error(503, str(exc), reason="clickhouse_unavailable", retry_after_s=5)
-        status = response.status
-        return response
-    finally:
-        HTTP_REQUESTS.labels(route, request.method, str(status)).inc()
+        body = await asyncio.get_running_loop().run_in_executor(None, work, runner.query_backend)
+        return json_response(body)
+    except DependencyUnavailable as exc:
+        return json_error(503, str(exc), reason="clickhouse_unavailable", retry_after_s=5)
 
 
 @app.page(STATS_ROUTE)
@@ -950,7 +943,6 @@ class PlaybackStatsView(faust.web.View):
             from_ms = _int_param(query, "from_ms", 0, 0, MAX_EPOCH_MS)
             to_ms = _int_param(query, "to_ms", MAX_EPOCH_MS, 0, MAX_EPOCH_MS)
         except ValueError as exc:
-            HTTP_REQUESTS.labels(STATS_ROUTE, request.method, "400").inc()
             return json_error(400, str(exc), reason="bad_parameter")
         return await _answer(
             STATS_ROUTE, request, lambda backend: playback_stats(backend, avcc_code, from_ms, to_ms)
@@ -971,7 +963,6 @@ class PlaybackAnomaliesView(faust.web.View):
             to_ms = _int_param(query, "to_ms", MAX_EPOCH_MS, 0, MAX_EPOCH_MS)
             limit = _int_param(query, "limit", 100, 1, 10_000)
         except ValueError as exc:
-            HTTP_REQUESTS.labels(ANOMALIES_ROUTE, request.method, "400").inc()
             return json_error(400, str(exc), reason="bad_parameter")
         return await _answer(
             ANOMALIES_ROUTE,

@@ -1,31 +1,44 @@
-"""Tables of the chain group: processed review results and chain submissions."""
+"""State of the chain group: processed review results, chain submissions, parked events.
+
+Backed by faust tables of App ``avcc-chain`` in RocksDB (``<datadir>/workers/chain``), each
+replicated to its compacted changelog topic ``avcc-chain-<table>-changelog``:
+
+* ``reviews-seen`` - avcc_record_id -> :class:`ReviewsSeen` (review results already turned into
+  pending transactions; 12 partitions, co-partitioned with review.task.finished);
+* ``submissions`` - idempotency key -> :class:`Submission` (6 partitions, co-partitioned with
+  chain.tx.pending);
+* ``chain-reviews-parked`` / ``chain-pending-parked`` - message ids waiting in the retry path.
+
+The ledger itself is a separate RocksDB store (``<datadir>/ledger``, see
+:mod:`app.lifecycle.chain.ledger`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.lifecycle.chain.transactions import ReviewsSeen, Submission
 from app.platform.faust.app import get_app
+from app.platform.faust.tables import ModelTable, model_table, parking_table
 from app.platform.topics import CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
 
-__all__ = ["reviews_seen", "submissions"]
+__all__ = ["pending_parking", "review_parking", "reviews_seen", "submissions"]
 
 _app = get_app("chain")
 
-#: avcc_record_id -> {event_id: seen_ms} of review results turned into pending transactions
-#: (12 partitions, co-partitioned with review.task.finished).
-reviews_seen: Any = _app.Table(
+reviews_seen: ModelTable[ReviewsSeen] = model_table(
+    _app,
     "reviews-seen",
+    ReviewsSeen,
     partitions=REVIEW_TASK_FINISHED.partitions,
-    key_type=bytes,
-    value_type=bytes,
     help="Dedup set of review results (chain group)",
 )
-
-#: idempotency_key -> receipt JSON (6 partitions, co-partitioned with chain.tx.pending).
-submissions: Any = _app.Table(
+submissions: ModelTable[Submission] = model_table(
+    _app,
     "submissions",
+    Submission,
     partitions=CHAIN_TX_PENDING.partitions,
-    key_type=bytes,
-    value_type=bytes,
     help="Chain submissions and their receipts (chain group)",
 )
+review_parking: Any = parking_table(_app, "chain-reviews", REVIEW_TASK_FINISHED.partitions)
+pending_parking: Any = parking_table(_app, "chain-pending", CHAIN_TX_PENDING.partitions)

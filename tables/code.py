@@ -1,30 +1,42 @@
-"""Tables of the code group: record lifecycle state and application claims."""
+"""State of the code group: record lifecycles, application claims, parked record events.
+
+Backed by faust tables of App ``avcc-code`` in RocksDB (``<datadir>/workers/code``), each
+replicated to its compacted changelog topic ``avcc-code-<table>-changelog``:
+
+* ``records`` - avcc_record_id -> :class:`RecordState`, co-partitioned with the record topics;
+* ``claims`` - content hash -> :class:`Claim`, plus one record-id sequence per claims partition
+  (key ``__seq__:<partition>``), co-partitioned with the claims topic;
+* ``records-parked`` - message ids of record events waiting in the retry path, per record.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.lifecycle.code.claims import Claim, ClaimSequence
+from app.lifecycle.code.records import RecordState
 from app.platform.faust.app import get_app
+from app.platform.faust.tables import ModelTable, model_table, parking_table
 from app.platform.topics import APPLY_CREATED, CODE_CLAIMS
 
-__all__ = ["claims", "records"]
+__all__ = ["claim_sequences", "claims", "record_parking", "records"]
 
 _app = get_app("code")
 
-#: avcc_record_id (UTF-8 decimal) -> RecordState JSON, co-partitioned with the record topics.
-records: Any = _app.Table(
+records: ModelTable[RecordState] = model_table(
+    _app,
     "records",
+    RecordState,
     partitions=APPLY_CREATED.partitions,
-    key_type=bytes,
-    value_type=bytes,
     help="Per-record lifecycle state (code group)",
 )
-
-#: content_hash -> claim JSON ({avcc_record_id, request_id}); plus one id counter per partition.
-claims: Any = _app.Table(
+claims: ModelTable[Claim] = model_table(
+    _app,
     "claims",
+    Claim,
     partitions=CODE_CLAIMS.partitions,
-    key_type=bytes,
-    value_type=bytes,
     help="One work, one record: content hash claims (code group)",
 )
+#: The record-id sequences kept in the ``claims`` table (keys from ``sequence_key``).
+claim_sequences: ModelTable[ClaimSequence] = ModelTable(claims.table, ClaimSequence)
+record_parking: Any = parking_table(_app, "records", APPLY_CREATED.partitions)

@@ -40,6 +40,17 @@ class RetryPolicy:
             return self.backoff_s[in_process_attempt - 1]
         return None
 
+    def decide(self, exc: BaseException, in_process_attempt: int, topic_round: int) -> Decision:
+        """What to do after failure number ``in_process_attempt`` (1-based) of a message that
+        already made ``topic_round`` rounds through the retry topic: non-retriable failures are
+        dead-lettered at once; retriable ones are retried in process while the backoff lasts,
+        then sent through the retry topic (:meth:`after_in_process`)."""
+        if classify(exc) == "non_retriable":
+            return "dead_letter"
+        if self.delay_before(in_process_attempt) is not None:
+            return "retry_in_process"
+        return self.after_in_process(exc, topic_round)
+
     def after_in_process(self, exc: BaseException, topic_round: int) -> Decision:
         """Where a message goes once its in-process retries are spent (``topic_round`` = rounds
         already made through the retry topic)."""

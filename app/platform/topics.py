@@ -1,7 +1,9 @@
 """Topic plan: the one source of truth for every topic's name, layout, retention, key and profile.
 
 Agents, producers, the admin command and the deploy manifests all read this module; no other
-module spells a topic name.
+module spells the name of a topic of the plan. Topics that follow from the agent groups (table
+changelogs, faust reply topics) are named by faust or by :func:`reply_topic` and listed by
+:mod:`app.platform.internal_topics`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "TOPIC_PLAN",
     "ProducerProfile",
     "TopicSpec",
+    "reply_topic",
     "spec_for",
 ]
 
@@ -194,3 +197,8 @@ def spec_for(name: str) -> TopicSpec:
         if spec.name == name:
             return spec
     raise KeyError(name)
+
+
+def reply_topic(group: str) -> str:
+    """The stable faust reply topic shared by the workers of ``group`` (groups that never ask)."""
+    return f"avcc-{group}-replies"

@@ -13,12 +13,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.lifecycle.code.avcc_code import issue_code
+from app.platform.faust.dedup import SeenEvents
+from app.platform.topics import APPLY_CREATED, CHAIN_TX_CONFIRMED, CODE_REVIEW_FINISHED, REVIEW_TASK_FINISHED
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
 from schemas.envelope import Envelope
 from schemas.review import ReviewTaskFinished
 
 __all__ = [
+    "SEEN",
     "HistoryEntry",
     "RecordState",
     "RecordStatus",
@@ -30,9 +33,9 @@ __all__ = [
 
 RecordStatus = Literal["submitted", "need_human", "approved", "rejected", "chain_failed", "issued"]
 
-#: How long processed event ids are remembered: the longest retention of a topic the code
-#: group reads (chain.tx.confirmed, 30 days), so any redelivery is recognised.
-SEEN_TTL_MS = 30 * 24 * 60 * 60 * 1000
+#: Processed event ids of a record, kept as long as the topics the record's events come from
+#: keep them (chain.tx.confirmed: 30 days), so any redelivery is recognised.
+SEEN = SeenEvents.for_inputs(APPLY_CREATED, REVIEW_TASK_FINISHED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
 
 
 class HistoryEntry(BaseModel):
@@ -84,13 +87,7 @@ class RecordState(BaseModel):
 
 def is_duplicate(state: RecordState | None, envelope: Envelope[Any]) -> bool:
     """Whether this event id was already applied to the record."""
-    return state is not None and str(envelope.event_id) in state.seen
-
-
-def _remember(state: RecordState, envelope: Envelope[Any], now_ms: int) -> dict[str, int]:
-    seen = {k: v for k, v in state.seen.items() if now_ms - v < SEEN_TTL_MS}
-    seen[str(envelope.event_id)] = now_ms
-    return seen
+    return state is not None and SEEN.contains(state.seen, str(envelope.event_id))
 
 
 def _derive_status(state: RecordState) -> RecordStatus:
@@ -127,7 +124,7 @@ def _transition(
             "status": status,
             "updated_ms": now_ms,
             "history": (*before.history, entry),
-            "seen": _remember(before, envelope, now_ms),
+            "seen": SEEN.remember(before.seen, str(envelope.event_id), now_ms),
         }
     )
 

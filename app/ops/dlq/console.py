@@ -46,7 +46,6 @@ from app.ops.dlq.store import (
     iso_ms,
 )
 from app.platform.groups import group_spec
-from app.platform.metrics import HTTP_REQUESTS
 from app.platform.settings import Settings, get_settings
 
 __all__ = [
@@ -170,12 +169,11 @@ class DlqConsole:
     def guarded(
         self, route: str, handler: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
     ) -> Handler:
-        """Wrap ``handler`` with authentication, the cross-site check, error mapping and metrics."""
+        """Wrap ``handler`` with authentication, the cross-site check and error mapping (the
+        worker's middleware counts the answers)."""
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
-            response = await self._guarded_call(request, handler)
-            HTTP_REQUESTS.labels(route, request.method, str(response.status)).inc()
-            return response
+            return await self._guarded_call(request, handler)
 
         return wrapped
 

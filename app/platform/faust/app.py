@@ -14,7 +14,9 @@ from mode.utils.objects import cached_property
 
 from app.platform.faust import transport
 from app.platform.groups import group_spec
+from app.platform.http.counting import count_requests
 from app.platform.settings import Settings, get_settings
+from app.platform.topics import reply_topic
 
 __all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app", "tansu_like_broker"]
 
@@ -120,7 +122,8 @@ def create_app(
     """A faust App (= consumer group ``app_id``) with the pipeline's transport and settings.
 
     ``reply_to`` names a stable reply topic (``None``: faust's per-process one, for apps that
-    ask); ``overrides`` are further faust settings (tests use a shorter commit interval).
+    ask); ``overrides`` are further faust settings (tests use a shorter commit interval). Its web
+    server counts every answer in ``avcc_http_requests_total`` (:func:`count_requests`).
     """
     settings = get_settings()
     tansu_like = tansu_like_broker(settings)
@@ -149,6 +152,7 @@ def create_app(
         "reply_create_topic": True,
         "reply_to": reply_to,
         "producer_max_batch_size": 1 if tansu_like else 16384,
+        "web_application_options": {"middlewares": [count_requests]},
         **overrides,
     }
     app = AvccApp(app_id, **options)
@@ -168,5 +172,5 @@ def get_app(group: str) -> faust.App:
         datadir=settings.resolve_data_path("workers", group),
         web_port=settings.web_port + spec.port_offset,
         # groups that never ask share one stable (idle) reply topic; askers need their own
-        reply_to=None if spec.uses_replies else f"avcc-{group}-replies",
+        reply_to=None if spec.uses_replies else reply_topic(group),
     )

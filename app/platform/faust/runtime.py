@@ -23,15 +23,14 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 import orjson
-from pydantic import BaseModel
 
 from app.platform.contracts import decode_event
-from app.platform.errors import NON_RETRIABLE
+from app.platform.faust.effects import Effects, Handler, Outgoing
+from app.platform.faust.tables import parking_table
 from app.platform.kafka.partitioner import record_key
 from app.platform.kafka.producers import EventProducer, Headers
 from app.platform.metrics import (
@@ -46,7 +45,7 @@ from app.platform.metrics import (
 )
 from app.platform.retry_policy import RetryPolicy, classify
 from app.platform.settings import get_settings
-from app.platform.topics import DLQ, RETRY, TopicSpec
+from app.platform.topics import DLQ, RETRY
 from schemas.envelope import Envelope, encode_event
 from schemas.system import HEADER_PREFIX, FailureMetadata
 
@@ -94,27 +93,6 @@ def _plain_headers(headers: Any) -> list[tuple[str, bytes]]:
         return []
     items = headers.items() if isinstance(headers, dict) else headers
     return [(k, bytes(v or b"")) for k, v in items if not k.startswith(HEADER_PREFIX)]
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """An event to produce: its topic, the envelope and the record id that keys it."""
-
-    topic: TopicSpec
-    envelope: Envelope[BaseModel]
-    avcc_record_id: int
-
-
-@dataclass(slots=True)
-class Effects:
-    """What a handler wants done: outputs to produce, then a state change to apply."""
-
-    outputs: list[Outgoing] = field(default_factory=list)
-    apply: Callable[[], None] | None = None
-    duplicate: bool = False
-
-
-Handler = Callable[[Envelope[Any]], Awaitable[Effects]]
 
 
 class _ParkingLot:
@@ -178,12 +156,7 @@ class GroupRuntime:
 
     def parking_table(self, name: str, partitions: int) -> Any:
         """A changelogged table of parked message ids, co-partitioned with its stream."""
-        return self.app.Table(
-            f"{name}-parked",
-            partitions=partitions,
-            key_type=bytes,
-            value_type=bytes,
-        )
+        return parking_table(self.app, name, partitions)
 
     async def emit(self, outputs: Iterable[Outgoing]) -> None:
         """Produce ``outputs`` with the core profile and wait for every ack."""
@@ -238,7 +211,9 @@ class GroupRuntime:
         """Decode and handle; returns True when the message went to the retry topic."""
         try:
             envelope = decode_event(topic, message.value)
-        except NON_RETRIABLE as exc:
+        except Exception as exc:  # undecodable or invalid: the policy dead-letters it
+            if classify(exc) == "retriable":
+                raise
             await self.dead_letter(message, topic, exc, attempt=1)
             return False
         EVENT_AGE.labels(self.group, topic).observe(max(0.0, (now_ms() - envelope.timestamp) / 1000))
@@ -258,16 +233,14 @@ class GroupRuntime:
                 attempt += 1
                 first_failure = first_failure or now_ms()
                 self._log_failure(message, topic, envelope, exc, attempt)
-                if classify(exc) == "non_retriable":
-                    await self.dead_letter(message, topic, exc, attempt, first_failure, envelope)
-                    return False
+                rounds = int(header_value(message.headers, HEADER_RETRY_ROUND) or b"0")
+                decision = self.policy.decide(exc, attempt, rounds)
                 delay = self.policy.delay_before(attempt)
-                if delay is not None:
+                if decision == "retry_in_process" and delay is not None:
                     RETRIES.labels(self.group, topic).inc()
                     await asyncio.sleep(delay)
                     continue
-                rounds = int(header_value(message.headers, HEADER_RETRY_ROUND) or b"0")
-                if self.policy.after_in_process(exc, rounds) == "retry_topic":
+                if decision == "retry_topic":
                     await self._to_retry_topic(
                         message, topic, exc, attempt=attempt, first_failure=first_failure, envelope=envelope
                     )

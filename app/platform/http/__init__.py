@@ -1,1 +1,1 @@
-"""HTTP stack of every worker: request signing and authorization, owner routing, common views."""
+"""HTTP stack of every worker: JSON answers, signing and auth, owner routing, counting, common views."""

@@ -1,20 +1,4 @@
-"""HMAC request authentication of every ``/v1/`` endpoint, and the JSON error responses of views.
-
-A partner signs each request with a shared secret::
-
-    X-AVCC-Key:        key id (a name of ``settings.effective_hmac_keys()``)
-    X-AVCC-Timestamp:  unix time in milliseconds (decimal)
-    X-AVCC-Nonce:      8-128 printable ASCII characters, never reused within the skew window
-    X-AVCC-Signature:  lowercase hex HMAC-SHA256(secret, canonical request)
-
-The canonical request is five lines joined by ``\\n`` (no trailing newline)::
-
-    METHOD            upper case, e.g. POST
-    PATH_QS           the path plus "?" and the query string when there is one, exactly as sent
-                      (aiohttp's ``request.path_qs``); e.g. /v1/playback/events?dry=1
-    TIMESTAMP         the X-AVCC-Timestamp header value
-    NONCE             the X-AVCC-Nonce header value
-    BODY_SHA256       lowercase hex sha256 of the raw body bytes (of b"" when there is no body)
+"""HMAC request authentication of every ``/v1/`` endpoint (see :mod:`app.platform.http.signing`).
 
 Checks, in order (the first failure answers 401 ``{"error": ..., "reason": ...}``):
 ``missing_header`` (a header is absent or malformed), ``unknown_key``, ``stale_timestamp``
@@ -22,28 +6,40 @@ Checks, in order (the first failure answers 401 ``{"error": ..., "reason": ...}`
 (constant-time compare), ``replayed_nonce`` (the key already used this nonce; a nonce is only
 recorded once its signature verified, so forged requests cannot poison the cache).
 
-Views use :func:`require_hmac` (a decorator for faust ``View`` methods) or call
-:func:`authenticate` themselves; clients, tests and the bench sign with :func:`sign_request`.
+Views use :func:`require_hmac` (a decorator for faust ``View`` methods), :func:`authorize` (the
+401 answer or ``None``) or call :func:`authenticate` themselves. The signing side (headers,
+canonical request, :func:`sign_request`, :class:`NonceCache`) lives in
+:mod:`app.platform.http.signing` and is re-exported here for the callers that import it from auth.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
-import logging
-import secrets
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-import orjson
 from aiohttp import web
 
 from app.platform.errors import AvccError
-from app.platform.metrics import AUTH_FAILURES, HTTP_REQUESTS
+from app.platform.http.responses import json_error
+from app.platform.http.signing import (
+    HEADER_KEY,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    NONCE_MAX,
+    NONCE_MIN,
+    AuthFailureReason,
+    NonceCache,
+    body_sha256,
+    canonical_request,
+    default_nonce_cache,
+    sign_request,
+    signature,
+)
+from app.platform.metrics import AUTH_FAILURES
 from app.platform.settings import Settings, get_settings
 
 __all__ = [
@@ -61,8 +57,6 @@ __all__ = [
     "body_sha256",
     "canonical_request",
     "default_nonce_cache",
-    "json_error",
-    "json_response",
     "read_body",
     "require_hmac",
     "sign_request",
@@ -70,24 +64,10 @@ __all__ = [
     "verify_headers",
 ]
 
-log = logging.getLogger(__name__)
-
-HEADER_KEY: Final = "X-AVCC-Key"
-HEADER_TIMESTAMP: Final = "X-AVCC-Timestamp"
-HEADER_NONCE: Final = "X-AVCC-Nonce"
-HEADER_SIGNATURE: Final = "X-AVCC-Signature"
 #: ``request[KEY_ID_ATTRIBUTE]`` holds the authenticated key id inside a :func:`require_hmac` view.
 KEY_ID_ATTRIBUTE: Final = "avcc_key_id"
 
-AuthFailureReason = Literal[
-    "missing_header", "unknown_key", "stale_timestamp", "bad_signature", "replayed_nonce"
-]
-
-_NONCE_MIN: Final = 8
-_NONCE_MAX: Final = 128
 _HEX: Final = frozenset("0123456789abcdef")
-#: Default bound of the per-process nonce cache (about 100 bytes per entry).
-DEFAULT_NONCE_CAPACITY: Final = 500_000
 
 
 class AuthenticationFailed(AvccError):
@@ -117,160 +97,6 @@ class PayloadTooLarge(AvccError):
     def response(self) -> web.Response:
         """The 413 JSON answer."""
         return json_error(413, str(self), reason="body_too_large", limit_bytes=self.limit)
-
-
-# --- JSON responses ---------------------------------------------------------------------------
-
-
-def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    """A JSON (orjson) response; usable as the return value of any faust/aiohttp view."""
-    return web.Response(
-        body=orjson.dumps(data),
-        status=status,
-        content_type="application/json",
-        headers=dict(headers) if headers else None,
-    )
-
-
-def json_error(
-    status: int,
-    error: str,
-    *,
-    reason: str | None = None,
-    retry_after_s: float | None = None,
-    headers: Mapping[str, str] | None = None,
-    **extra: Any,
-) -> web.Response:
-    """An error answer ``{"error": error, "reason": reason, **extra}`` (400/401/413/429/...).
-
-    ``retry_after_s`` sets ``Retry-After`` (whole seconds, at least 1) and ``retry_after_s`` in
-    the body; use it for 429 and 503.
-    """
-    body: dict[str, Any] = {"error": error}
-    if reason is not None:
-        body["reason"] = reason
-    all_headers = dict(headers) if headers else {}
-    if retry_after_s is not None:
-        seconds = max(1, int(retry_after_s + 0.999))
-        all_headers["Retry-After"] = str(seconds)
-        body["retry_after_s"] = seconds
-    body.update(extra)
-    return json_response(body, status, all_headers)
-
-
-# --- signing ----------------------------------------------------------------------------------
-
-
-def body_sha256(body: bytes) -> str:
-    """Lowercase hex sha256 of the raw body."""
-    return hashlib.sha256(body).hexdigest()
-
-
-def canonical_request(method: str, path_qs: str, timestamp_ms: str, nonce: str, body: bytes) -> bytes:
-    """The bytes that are signed (see the module docstring)."""
-    text = f"{method.upper()}\n{path_qs}\n{timestamp_ms}\n{nonce}\n{body_sha256(body)}"
-    return text.encode()
-
-
-def signature(secret: str, method: str, path_qs: str, timestamp_ms: str, nonce: str, body: bytes) -> str:
-    """Lowercase hex HMAC-SHA256 of the canonical request."""
-    message = canonical_request(method, path_qs, timestamp_ms, nonce, body)
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
-
-
-def sign_request(
-    method: str,
-    path_qs: str,
-    body: bytes,
-    key: str,
-    secret: str,
-    timestamp_ms: int | None = None,
-    nonce: str | None = None,
-) -> dict[str, str]:
-    """The four ``X-AVCC-*`` headers of a request (fresh nonce and the current time by default).
-
-    ``path_qs`` is the path plus ``?query`` when there is a query string, exactly as sent.
-    """
-    ts = str(timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000)
-    nonce = nonce if nonce is not None else secrets.token_hex(16)
-    return {
-        HEADER_KEY: key,
-        HEADER_TIMESTAMP: ts,
-        HEADER_NONCE: nonce,
-        HEADER_SIGNATURE: signature(secret, method, path_qs, ts, nonce, body),
-    }
-
-
-# --- replay protection ------------------------------------------------------------------------
-
-
-class NonceCache:
-    """Per-process set of recently used ``(key, nonce)`` pairs, bounded in size and time.
-
-    An entry lives ``ttl_ms`` (twice the skew window: a request is only accepted within
-    ``+/- skew`` of the server clock, so after ``2 * skew`` its replay fails the timestamp check
-    anyway). When the cache is full of live entries the oldest is evicted and its request
-    timestamp becomes a *floor*: any later request signed at or before the floor is refused as
-    stale, so an eviction can never re-open a replay. Thread-safe.
-    """
-
-    def __init__(self, ttl_ms: int, capacity: int = DEFAULT_NONCE_CAPACITY) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be >= 1")
-        self.ttl_ms = ttl_ms
-        self.capacity = capacity
-        #: (key, nonce) -> (expiry ms, request timestamp ms), in insertion order.
-        self._entries: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.floor_ms = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _purge(self, now_ms: int) -> None:
-        entries = self._entries
-        while entries:
-            first = next(iter(entries))
-            expiry, _ = entries[first]
-            if expiry > now_ms:
-                break
-            del entries[first]
-
-    def check_and_add(self, key: str, nonce: str, timestamp_ms: int, now_ms: int) -> AuthFailureReason | None:
-        """Record the pair; return the refusal reason if it was seen (or is below the floor)."""
-        with self._lock:
-            self._purge(now_ms)
-            if timestamp_ms <= self.floor_ms:
-                return "stale_timestamp"
-            pair = (key, nonce)
-            if pair in self._entries:
-                return "replayed_nonce"
-            while len(self._entries) >= self.capacity:
-                _, (_, evicted_ts) = self._entries.popitem(last=False)
-                if evicted_ts > self.floor_ms:
-                    self.floor_ms = evicted_ts
-                    log.warning(
-                        "nonce cache full (%d): refusing requests signed before %d", self.capacity, evicted_ts
-                    )
-            self._entries[pair] = (now_ms + self.ttl_ms, timestamp_ms)
-            return None
-
-
-_default_caches: dict[int, NonceCache] = {}
-_default_lock = threading.Lock()
-
-
-def default_nonce_cache(settings: Settings) -> NonceCache:
-    """The process-wide nonce cache for ``settings.hmac_max_skew_ms`` (created on first use)."""
-    ttl = 2 * settings.hmac_max_skew_ms
-    with _default_lock:
-        cache = _default_caches.get(ttl)
-        if cache is None:
-            cache = _default_caches[ttl] = NonceCache(ttl)
-        return cache
-
-
-# --- request side -----------------------------------------------------------------------------
 
 
 async def read_body(request: Any, max_bytes: int) -> bytes:
@@ -332,10 +158,10 @@ def verify_headers(
     )
     if not (ts_text.isascii() and ts_text.isdigit() and len(ts_text) <= 16):
         raise _fail("missing_header", f"{HEADER_TIMESTAMP} must be unix milliseconds (decimal digits)")
-    nonce_ok = _NONCE_MIN <= len(nonce) <= _NONCE_MAX and nonce.isascii() and nonce.isprintable()
+    nonce_ok = NONCE_MIN <= len(nonce) <= NONCE_MAX and nonce.isascii() and nonce.isprintable()
     if not nonce_ok or " " in nonce:
         raise _fail(
-            "missing_header", f"{HEADER_NONCE} must be {_NONCE_MIN}-{_NONCE_MAX} printable ASCII characters"
+            "missing_header", f"{HEADER_NONCE} must be {NONCE_MIN}-{NONCE_MAX} printable ASCII characters"
         )
     secret = settings.effective_hmac_keys().get(key_id)
     if secret is None:
@@ -386,7 +212,6 @@ async def authorize(
     body: bytes,
     settings: Settings,
     *,
-    route: str = "",
     forwarded: bool = False,
     nonces: NonceCache | None = None,
 ) -> web.Response | None:
@@ -394,13 +219,13 @@ async def authorize(
 
     The one-liner for views that read the body themselves::
 
-        denied = await authorize(request, body, settings, route=ROUTE)
+        denied = await authorize(request, body, settings)
         if denied is not None:
             return denied
 
     ``forwarded`` (a request relayed by the peer worker that owns a partition, already
     authenticated there) skips the nonce check; the signature and timestamp are still verified.
-    With ``route`` the refusal is counted in ``avcc_http_requests_total``.
+    The answer is counted like every other by the worker's request-counting middleware.
     """
     try:
         request[KEY_ID_ATTRIBUTE] = verify_headers(
@@ -413,8 +238,6 @@ async def authorize(
             check_nonce=not forwarded,
         )
     except AuthenticationFailed as exc:
-        if route:
-            HTTP_REQUESTS.labels(route, str(request.method), "401").inc()
         return exc.response()
     return None
 

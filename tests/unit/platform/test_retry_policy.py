@@ -50,6 +50,19 @@ def test_no_in_process_retries_goes_straight_to_the_retry_topic() -> None:
     assert policy.after_in_process(DependencyUnavailable("down"), 0) == "retry_topic"
 
 
+def test_decide_is_the_one_decision_backoff_then_retry_topic_then_dead_letter() -> None:
+    policy = RetryPolicy(backoff_s=(1.0, 2.0), topic_rounds=1)
+    timeout = DependencyTimeout("t")
+    assert [policy.decide(timeout, n, 0) for n in (1, 2, 3)] == [
+        "retry_in_process",
+        "retry_in_process",
+        "retry_topic",
+    ]
+    assert policy.decide(timeout, 3, 1) == "dead_letter"
+    assert policy.decide(SchemaViolation("bad", ["f"]), 1, 0) == "dead_letter"
+    assert policy.decide(BusinessRuleViolation("no"), 1, 0) == "dead_letter"
+
+
 def test_zero_topic_rounds_dead_letters_after_backoff() -> None:
     assert RetryPolicy(topic_rounds=0).after_in_process(DependencyTimeout("t"), 0) == "dead_letter"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import orjson
 import pytest
@@ -13,24 +12,7 @@ from hypothesis import strategies as st
 from app.lifecycle.review.rules import RULE_VERSION, ReviewConfig, report_hash, review_application
 from app.platform.errors import ConfigurationError, SchemaViolation
 from schemas.apply import ApplyCreated
-
-GOOD_HASH = "sha256:" + hashlib.sha256(b"work").hexdigest()
-
-
-def payload(**changes: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "request_id": "req_1",
-        "avcc_record_id": 10042,
-        "content_url": "oss://bucket/works/1.mp4",
-        "content_hash": GOOD_HASH,
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "1.0.2"},
-        "priority": 5,
-        "title": "Sunrise",
-    }
-    tool = changes.pop("tool", None)
-    if tool:
-        base["ai_tool_info"] = {**base["ai_tool_info"], **tool}
-    return {**base, **changes}
+from tests.unit.lifecycle.applications import application_fields as payload
 
 
 def test_o_level_fast_path() -> None:

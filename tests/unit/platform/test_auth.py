@@ -23,12 +23,12 @@ from app.platform.http.auth import (
     PayloadTooLarge,
     authenticate,
     authorize,
-    json_error,
     read_body,
     require_hmac,
     sign_request,
     verify_headers,
 )
+from app.platform.http.responses import json_error
 from app.platform.metrics import AUTH_FAILURES
 from app.platform.settings import Settings
 
