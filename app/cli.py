@@ -114,8 +114,8 @@ def worker(ctx: click.Context, group: str) -> None:
     args = list(ctx.args)
     if "--web-port" not in args:
         args += ["--web-port", str(settings.web_port + spec.port_offset)]
-    if "--web-host" not in args and "-h" not in args:
-        args += ["--web-host", settings.web_host]
+    if "--web-bind" not in args and "-b" not in args:
+        args += ["--web-bind", settings.web_host]
     if "-l" not in args and "--loglevel" not in args:
         level = settings.log_level.lower()
         args += ["-l", {"warning": "warn", "critical": "crit"}.get(level, level)]

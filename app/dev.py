@@ -68,6 +68,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
     os.environ["AVCC_DEV_MODE"] = "true"
     get_settings.cache_clear()
     settings = get_settings()
+    settings.check_bind()
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     broker: TansuBroker | None = None

@@ -171,6 +171,11 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
                                 {"configMapRef": {"name": CONFIGMAP}},
                                 {"secretRef": {"name": SECRET}},
                             ],
+                            # Bind every interface (ConfigMap), announce the pod's own IP to peers.
+                            "env": [
+                                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                                {"name": "AVCC_WEB_ADVERTISED_URL", "value": "http://$(POD_IP):{port}"},
+                            ],
                             "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
                             "livenessProbe": {
                                 **probe,

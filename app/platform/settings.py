@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -57,7 +58,22 @@ class Settings(BaseSettings):
         "(a relative path is resolved against the data dir).",
     )
     data_dir: Path = Field(Path("var"), description="Local state: RocksDB tables, ledger, chDB.")
-    web_host: str = Field("127.0.0.1", description="Interface the web views bind to.")
+    web_host: str = Field(
+        "127.0.0.1",
+        description="Interface every worker's web server listens on (`0.0.0.0` for all: "
+        "then set `AVCC_WEB_ADVERTISED_URL`).",
+    )
+    web_advertised_url: str = Field(
+        "http://{host}:{port}",
+        description="URL a worker announces to its peers for owner routing; `{host}` and `{port}` "
+        "become `AVCC_WEB_HOST` and the worker's port. Must name a reachable address (the pod IP), "
+        "never a wildcard.",
+    )
+    dev_allow_public_bind: bool = Field(
+        False,
+        description="Dev mode only: allow a non-loopback `AVCC_WEB_HOST` (the shipped dev key and "
+        "`admin`/`admin` then answer from the network).",
+    )
     web_port: int = Field(6066, description="Web port of the console (workers use the next ones).")
     dev_mode: bool = Field(
         False,
@@ -112,6 +128,29 @@ class Settings(BaseSettings):
             )
         return parsed.netloc.replace(";", ",")
 
+    def advertised_url(self, port: int) -> str:
+        """The URL a worker on ``port`` announces to its peers (``ConfigurationError`` if unusable).
+
+        Owner routing forwards a request to the URL its owner announced, so every replica must
+        announce a distinct, reachable one: a wildcard host would make every replica its own owner.
+        """
+        url = self.web_advertised_url.format(host=self.web_host, port=port)
+        host = urlparse(url).hostname or ""
+        if host in _WILDCARD_HOSTS:
+            raise ConfigurationError(
+                f"AVCC_WEB_ADVERTISED_URL resolves to {url!r}, which peers cannot reach: set it to "
+                "this worker's own address, e.g. http://$(POD_IP):{port}"
+            )
+        return url
+
+    def check_bind(self) -> None:
+        """Refuse a dev stack that listens beyond loopback unless explicitly allowed."""
+        if self.dev_mode and not self.dev_allow_public_bind and not _is_loopback(self.web_host):
+            raise ConfigurationError(
+                f"dev mode refuses AVCC_WEB_HOST={self.web_host!r}: the dev key and admin/admin would be "
+                "reachable from the network; set AVCC_DEV_ALLOW_PUBLIC_BIND=true to do it anyway"
+            )
+
     def kafka_client_config(self) -> dict[str, str]:
         """Security settings in librdkafka spelling, passed through to every confluent client."""
         conf: dict[str, str] = {
@@ -151,6 +190,17 @@ class Settings(BaseSettings):
         path = self.data_dir.joinpath(*parts)
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+#: Hosts that mean "every interface" when bound and "nowhere" when announced.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@ and stops without leaving a process behind."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import signal
 import subprocess
@@ -59,6 +60,32 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _listening(pids: set[int]) -> set[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket in LISTEN state held by one of ``pids``."""
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found: set[tuple[str, int]] = set()
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            raw_ip, raw_port = local.split(":")
+            packed = bytes.fromhex(raw_ip)
+            # /proc prints each 32-bit word in host (little-endian) order
+            ip_bytes = b"".join(packed[i : i + 4][::-1] for i in range(0, width, 4))
+            found.add((str(ipaddress.ip_address(ip_bytes)), int(raw_port, 16)))
+    return found
+
+
 def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
     base = free_port()
     while any(not _port_free(base + g.port_offset) for g in GROUPS):
@@ -96,6 +123,16 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
             f"groups not ready: {sorted(pending)}\n" + (tmp_path / "dev.log").read_text()[-3000:]
         )
         assert "dev-secret" in (tmp_path / "dev.log").read_text(), "the dev key must be announced loudly"
+
+        stack = _descendants(dev.pid) | {dev.pid}
+        sockets = _listening(stack)
+        ports = {port for _, port in sockets}
+        assert {base + g.port_offset for g in GROUPS} | {broker_port} <= ports, sockets
+        exposed = {(ip, port) for ip, port in sockets if not ipaddress.ip_address(ip).is_loopback}
+        assert not exposed, f"the dev stack listens beyond loopback: {sorted(exposed)}"
+        for group in GROUPS:  # faust's own table/router views answer without any login: gone
+            for page in ("/router/", "/table/records/1/", "/table/claims/x/"):
+                assert _get(f"http://127.0.0.1:{base + group.port_offset}{page}")[0] in (401, 404)
 
         body = orjson.dumps(
             {

@@ -6,6 +6,7 @@ import ssl
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import faust
 from faust.agents.models import ReqRepResponse
@@ -126,6 +127,8 @@ def create_app(
     server counts every answer in ``avcc_http_requests_total`` (:func:`count_requests`).
     """
     settings = get_settings()
+    settings.check_bind()
+    advertised = settings.advertised_url(web_port)
     tansu_like = tansu_like_broker(settings)
     options: dict[str, Any] = {
         "broker": f"{transport.SCHEME}://{settings.kafka_bootstrap}",
@@ -144,8 +147,14 @@ def create_app(
         "broker_heartbeat_interval": max(1.0, settings.kafka_session_timeout_ms / 5000),
         "broker_commit_every": 1000,
         "broker_commit_interval": 1.0,
-        "web_host": settings.web_host,
+        # Listen on web_host; announce the advertised URL (faust's web_host is only announced).
+        "web_bind": settings.web_host,
+        "web_host": urlparse(advertised).hostname,
         "web_port": web_port,
+        "canonical_url": advertised,
+        # faust's own /table/ and /router/ views answer without any signature: off.
+        "web_tables_enabled": False,
+        "web_router_enabled": False,
         "web_in_thread": False,
         "table_standby_replicas": 0,
         "stream_wait_empty": True,
