@@ -15,7 +15,9 @@ import faust
 from mode import Service
 
 from app.ops.dlq.console import install_console
-from app.ops.lag.monitor import LagMonitor, LagSettings, print_lag_table, render_lag_html
+from app.ops.lag.monitor import LagMonitor
+from app.ops.lag.pages import lag_json, print_lag_table, render_lag_html
+from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import get_app
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
@@ -70,12 +72,10 @@ async def lag_page(self: faust.web.View, request: faust.web.Request) -> faust.we
 
 
 @app.page("/lag.json", name="avcc_ops_lag_json")
-async def lag_json(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+async def lag_json_page(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
     """The latest report as JSON (``taken_at`` is null before the first snapshot)."""
     report = _monitor[0].last_report if _monitor else None
-    if report is None:
-        return self.json({"taken_at": None, "groups": [], "alerts": [], "errors": {}})
-    return self.json(report.as_json())
+    return self.json(lag_json(report))
 
 
 # ----------------------------------------------------------------------------- DLQ console
