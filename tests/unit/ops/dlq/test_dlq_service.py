@@ -29,7 +29,7 @@ def test_consumer_reads_from_the_earliest_offset_as_the_ops_dlq_group() -> None:
 def test_every_partition_is_assigned_from_the_stores_next_offset() -> None:
     partitions = DlqService(Settings(), topic="dlq-unit").partitions
     consumer = RecordingConsumer()
-    partitions.consumer = consumer  # type: ignore[assignment]
+    partitions.consumer = consumer
     partitions.assign_from({2, 0, 1}, {1: 40})
     assert consumer.assignments == [
         [("dlq-unit", 0, OFFSET_BEGINNING), ("dlq-unit", 1, 40), ("dlq-unit", 2, OFFSET_BEGINNING)]

@@ -27,9 +27,9 @@ async def test_assignment_changes_clear_holds_and_signal_the_assignment() -> Non
     loop.bind(asyncio.get_running_loop())
     tp = ("topic.system.retry", 2)
     forwarder.holds.hold(tp, 7, until_ms=10**15)
-    loop._assign(None, [TopicPartition(*tp)])  # type: ignore[arg-type]
+    loop._assign(None, [TopicPartition(*tp)])
     assert forwarder.holds.paused == {} and forwarder.assignment() == [tp]
     await asyncio.wait_for(forwarder.assigned.wait(), 1.0)
     forwarder.holds.hold(tp, 7, until_ms=10**15)
-    loop._lose(None, [TopicPartition(*tp)])  # type: ignore[arg-type]
+    loop._lose(None, [TopicPartition(*tp)])
     assert forwarder.holds.paused == {} and forwarder.assignment() == []
