@@ -16,13 +16,13 @@ from mode import Service
 
 from app.ops.dlq.console import install_console
 from app.ops.lag.monitor import LagMonitor
-from app.ops.lag.pages import lag_json, print_lag_table, render_lag_html
+from app.ops.lag.pages import lag_json, render_lag_html
 from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import get_app
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 
-__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor", "print_lag_table"]
+__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class LagMonitorService(Service):
             await self.sleep(LAG_CONFIG.interval_s)
 
     async def on_stop(self) -> None:
+        """Close the monitor's offset reader and alert sinks."""
         if _monitor:
             await _monitor.pop().close()
 
@@ -79,7 +80,7 @@ async def lag_json_page(self: faust.web.View, request: faust.web.Request) -> fau
 
 
 # ----------------------------------------------------------------------------- DLQ console
-# The DLQ console (list / show / re-inject / discard, app/dlq.py): a service with its own DLQ
-# consumer and RocksDB store, plus the console's views. It adds no agents or tables, so this
-# App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
+# The DLQ console (list / show / re-inject / discard, app/ops/dlq): a service with its own DLQ
+# consumer and RocksDB store (tables/ops.py), plus the console's views. It adds no agents or
+# tables, so this App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
 console = install_console(app, get_settings())

@@ -56,19 +56,7 @@ from app.platform.groups import group_spec
 from app.platform.metrics import HTTP_REQUESTS
 from app.platform.settings import Settings, get_settings
 
-__all__ = [
-    "ROUTE_BULK",
-    "ROUTE_DETAIL",
-    "ROUTE_DETAIL_JSON",
-    "ROUTE_DISCARD",
-    "ROUTE_LIST",
-    "ROUTE_LIST_JSON",
-    "ROUTE_REINJECT",
-    "DlqConsole",
-    "console_application",
-    "console_base_url",
-    "install_console",
-]
+__all__ = ["DlqConsole", "console_application", "console_base_url", "install_console"]
 
 log = logging.getLogger(__name__)
 
