@@ -71,7 +71,7 @@ class DlqService(Service):
     """The ops group's DLQ indexer: reads every DLQ partition into a :class:`DlqStore`, alerts on
     new arrivals, and owns the core producer used for re-injection.
 
-    Run one ops worker: the store is local to its process (see the module docstring).
+    Run one ops worker: the store is local to its process (see :mod:`tables.ops`).
     """
 
     def __init__(
