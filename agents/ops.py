@@ -15,12 +15,14 @@ import faust
 from mode import Service
 
 from app.ops.dlq.console import install_console
-from app.ops.lag.monitor import LagMonitor, LagSettings, print_lag_table, render_lag_html
+from app.ops.lag.monitor import LagMonitor
+from app.ops.lag.pages import lag_json, render_lag_html
+from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import get_app
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 
-__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor", "print_lag_table"]
+__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class LagMonitorService(Service):
             await self.sleep(LAG_CONFIG.interval_s)
 
     async def on_stop(self) -> None:
+        """Close the monitor's offset reader and alert sinks."""
         if _monitor:
             await _monitor.pop().close()
 
@@ -70,16 +73,14 @@ async def lag_page(self: faust.web.View, request: faust.web.Request) -> faust.we
 
 
 @app.page("/lag.json", name="avcc_ops_lag_json")
-async def lag_json(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+async def lag_json_page(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
     """The latest report as JSON (``taken_at`` is null before the first snapshot)."""
     report = _monitor[0].last_report if _monitor else None
-    if report is None:
-        return self.json({"taken_at": None, "groups": [], "alerts": [], "errors": {}})
-    return self.json(report.as_json())
+    return self.json(lag_json(report))
 
 
 # ----------------------------------------------------------------------------- DLQ console
-# The DLQ console (list / show / re-inject / discard, app/dlq.py): a service with its own DLQ
-# consumer and RocksDB store, plus the console's views. It adds no agents or tables, so this
-# App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
+# The DLQ console (list / show / re-inject / discard, app/ops/dlq): a service with its own DLQ
+# consumer and RocksDB store (tables/ops.py), plus the console's views. It adds no agents or
+# tables, so this App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
 console = install_console(app, get_settings())

@@ -151,7 +151,7 @@ def chain_verify(path: Path | None) -> None:
 @main.command()
 def lag() -> None:
     """Print consumer lag and Burrow-style status of every group."""
-    from app.ops.lag.monitor import print_lag_table
+    from app.ops.lag.pages import print_lag_table
     from app.platform.settings import get_settings
 
     sys.exit(print_lag_table(get_settings()))

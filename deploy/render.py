@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app.ops.lag.monitor import LagRule, default_rules  # noqa: E402
+from app.ops.lag.settings import LagRule, default_rules  # noqa: E402
 from app.platform.faust.app import consumer_group_id  # noqa: E402
 from app.platform.groups import GROUPS, GroupSpec  # noqa: E402
 from app.platform.settings import Settings  # noqa: E402

@@ -15,7 +15,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("agents.gateway", "GatewaySettings", "gateway group"),
     ("agents.sink", "SinkConfig", "sink group"),
     ("agents.anomaly", "AnomalySettings", "anomaly group"),
-    ("app.ops.lag.monitor", "LagSettings", "lag monitor (ops group)"),
+    ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
 )
 
 

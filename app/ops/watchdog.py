@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.ops.lag.monitor import PartitionOffsets
+from app.ops.lag.snapshot import PartitionOffsets
 
 __all__ = ["StallWatchdog", "exit_stalled"]
 

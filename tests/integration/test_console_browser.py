@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 import urllib.error
@@ -16,30 +15,12 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
+from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-def _chromium() -> str:
-    path = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
-    if path is None:
-        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-            pytest.fail("chromium is missing on this CI machine", pytrace=False)
-        pytest.skip("chromium not installed")
-    return path
 
 
 def _status(url: str) -> int:
@@ -55,8 +36,8 @@ def _status(url: str) -> int:
 async def test_lag_page_shows_partitions_alert_and_recovers_live(
     kafka_broker: KafkaKRaftBroker, unique: str, tmp_path: Path
 ) -> None:
-    playwright_api = pytest.importorskip("playwright.async_api")
-    chromium = _chromium()
+    playwright_api = playwright("async_api")
+    chromium_path = chromium()
     bootstrap = kafka_broker.bootstrap
     topic, group = f"lagui.apply.{unique}", f"lagui-review-{unique}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -101,7 +82,9 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
     worker.start()
     try:
         async with playwright_api.async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            browser = await pw.chromium.launch(
+                executable_path=chromium_path, args=["--headless", *CHROMIUM_ARGS]
+            )
             try:
                 page = await browser.new_page()
                 rows = page.locator(f"#lag tbody tr:has(td:text-is('{group}'))")

@@ -23,6 +23,7 @@ import pytest
 
 from app.ops.dlq import cli as dlq_cli
 from app.platform.settings import get_settings
+from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -41,15 +42,6 @@ def _load_faults() -> ModuleType:
 
 faults = _load_faults()
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 USER, PASSWORD = "alice", "s3cret"
 
 
@@ -125,9 +117,8 @@ def test_operator_reinjects_a_fixed_message_and_discards_another_from_the_consol
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
+    playwright_api = playwright("sync_api")
+    chromium_path = chromium()
     worker = faults.FaultsWorker(
         broker.bootstrap,
         tmp_path / "worker",
@@ -190,7 +181,7 @@ def test_operator_reinjects_a_fixed_message_and_discards_another_from_the_consol
         (worker.out / "broken").unlink()  # the operator fixed the dependency
 
         with playwright_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            browser = pw.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
             try:
                 context = browser.new_context(http_credentials={"username": USER, "password": PASSWORD})
                 page = context.new_page()

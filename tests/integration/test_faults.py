@@ -56,7 +56,7 @@ from pathlib import Path
 
 import orjson
 
-from agents.retry import RetryForwarder
+from app.ops.retry.forwarder import RetryForwarder
 from app.platform.errors import DependencyTimeout
 from app.platform.faust.app import create_app
 from app.servers.process import free_port

@@ -18,7 +18,9 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer
 
 from app.ops.alerts import Alert
-from app.ops.lag.monitor import LagMonitor, LagReport, LagRule, LagSettings, OffsetReader
+from app.ops.lag.monitor import LagMonitor, LagReport
+from app.ops.lag.reader import OffsetReader
+from app.ops.lag.settings import LagRule, LagSettings
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
 from app.servers import ManagedProcess, free_port
@@ -210,7 +212,7 @@ async def test_consumer_that_stops_committing_is_stall_while_alive_then_stop(
 def test_print_lag_table_shows_the_group(
     broker: BrokerHandle, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.ops.lag.monitor import print_lag_table
+    from app.ops.lag.pages import print_lag_table
 
     topic, group = f"lagtest.cli.{unique}", f"lagtest-cli-{unique}"
     create_topic(broker.bootstrap, topic, 6)

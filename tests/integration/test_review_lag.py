@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from app.ops.lag.monitor import AlertEvent, LagMonitor, LagReport, LagSettings
+from app.ops.lag.lifecycle import AlertEvent
+from app.ops.lag.monitor import LagMonitor, LagReport
+from app.ops.lag.settings import LagSettings
 from app.platform.kafka.partitioner import record_key
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED

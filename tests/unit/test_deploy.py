@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.ops.lag.monitor import default_rules
+from app.ops.lag.settings import default_rules
 from app.platform.groups import GROUPS
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings

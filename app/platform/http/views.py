@@ -28,7 +28,9 @@ import faust
 from mode import Service
 from prometheus_client import generate_latest
 
-from app.ops.lag.monitor import LagSettings, OffsetReader, PartitionOffsets
+from app.ops.lag.reader import OffsetReader
+from app.ops.lag.settings import LagSettings
+from app.ops.lag.snapshot import PartitionOffsets
 from app.ops.watchdog import StallWatchdog, exit_stalled
 from app.platform.faust.app import consumer_group_id
 from app.platform.metrics import CONSUMER_LAG, LAG_MONITOR_ERRORS, REGISTRY

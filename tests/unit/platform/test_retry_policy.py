@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from agents.retry import RetryForwarder, due_at
+from app.ops.retry.forwarder import RetryForwarder
+from app.ops.retry.schedule import due_at
 from app.platform.errors import (
     BusinessRuleViolation,
     DependencyTimeout,
@@ -176,7 +177,7 @@ async def forwarder() -> Any:
     fwd = RetryForwarder(Settings(), group_id="unit")
     fwd._producer = FakeProducer()  # type: ignore[assignment]
     yield fwd
-    fwd._pool.shutdown(wait=True)
+    fwd.consumer_loop.shutdown_thread()
 
 
 def test_due_at_parses_the_not_before_header() -> None:

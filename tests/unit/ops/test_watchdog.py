@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ops.lag.monitor import PartitionOffsets
+from app.ops.lag.snapshot import PartitionOffsets
 from app.ops.watchdog import StallWatchdog
 
 

@@ -1,0 +1,262 @@
+"""The ops group's DLQ service: reads ``topic.system.dlq`` into the :class:`DlqStore`, alerts, re-injects.
+
+:class:`DlqService` assigns itself every partition of the DLQ topic (manual assignment from the
+store's positions, no group rebalancing) and indexes each message. New arrivals increment
+``avcc_dlq_indexed_total``, log one structured line and raise the P2 alert ``AvccDeadLetter``
+through :mod:`app.ops.alerts` (de-duplicated per group and error class). It also owns the core
+producer the store re-injects with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from mode import Service
+
+from app.ops.alerts import AlertDispatcher, dead_letter_alert, dispatcher_from_settings
+from app.ops.dlq.entries import DlqError
+from app.ops.dlq.store import DlqStore
+from app.platform.faust.runtime import now_ms
+from app.platform.kafka.clients import consumer_config, verified_producer
+from app.platform.kafka.consumer_loop import ConsumerLoop
+from app.platform.kafka.producers import EventProducer
+from app.platform.metrics import DLQ_INDEXED
+from app.platform.settings import Settings, get_settings
+from app.platform.topics import DLQ
+from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path
+
+__all__ = ["DlqPartitions", "DlqService", "install_dlq"]
+
+log = logging.getLogger(__name__)
+
+
+class DlqPartitions(ConsumerLoop):
+    """The DLQ indexer's consumer: every partition of the DLQ topic, assigned by hand.
+
+    It never subscribes (no group rebalancing: one ops worker reads everything, from the store's
+    own positions); its group id only names where those positions are mirrored for lag monitoring.
+    """
+
+    @property
+    def topic(self) -> str:
+        """The DLQ topic."""
+        return self.topics[0]
+
+    def open(self) -> Consumer:
+        """Create the consumer without subscribing; :meth:`assign_from` gives it its partitions."""
+        consumer = self.consumer = Consumer(self.config)
+        return consumer
+
+    def assign_from(self, partitions: set[int], offsets: dict[int, int]) -> None:
+        """Read ``partitions``, each from its next offset in ``offsets`` (else from the beginning)."""
+        assert self.consumer is not None
+        self.consumer.assign(
+            [TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in sorted(partitions)]
+        )
+        self.assigned.clear()
+        self.assigned.update((self.topic, p) for p in partitions)
+
+    def assigned_partitions(self) -> set[int]:
+        """DLQ partitions currently read."""
+        return {partition for _, partition in self.assigned}
+
+
+class DlqService(Service):
+    """The ops group's DLQ indexer: reads every DLQ partition into a :class:`DlqStore`, alerts on
+    new arrivals, and owns the core producer used for re-injection.
+
+    Run one ops worker: the store is local to its process (see :mod:`tables.ops`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        store_path: Path | None = None,
+        topic: str = DLQ.name,
+        group_id: str = DLQ_CONSUMER_GROUP,
+        dispatcher: AlertDispatcher | None = None,
+        console_url: str | None = None,
+        alert_max_age_s: float = 3600.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings or get_settings()
+        self.store_path = store_path
+        self.topic = topic
+        self.group_id = group_id
+        self.console_url = console_url
+        self.alert_max_age_s = alert_max_age_s
+        self._dispatcher = dispatcher
+        self._store: DlqStore | None = None
+        self._producer: EventProducer | None = None
+        self.partitions = DlqPartitions(
+            consumer_config(self.settings, group_id, "avcc-ops-dlq", auto_offset_reset="earliest"), [topic]
+        )
+        self._next_assign_check = 0.0
+        self._pending: set[asyncio.Task[Any]] = set()
+        self.indexed = 0
+
+    @property
+    def store(self) -> DlqStore:
+        """The open store (:class:`DlqError` before the service started)."""
+        if self._store is None:
+            raise DlqError("the DLQ store is not open yet (ops worker starting)")
+        return self._store
+
+    @property
+    def ready(self) -> bool:
+        """True once the store is open and the producer exists."""
+        return self._store is not None and self._store.sender is not None
+
+    async def on_start(self) -> None:
+        """Open the store, create the producer and the consumer."""
+        path = self.store_path or dlq_store_path(self.settings)
+        self._store = DlqStore(path)
+        if self._dispatcher is None:
+            self._dispatcher = dispatcher_from_settings(self.settings)
+        await self.partitions.call(self.partitions.open)
+        self._producer = await asyncio.get_running_loop().run_in_executor(
+            None, verified_producer, self.settings, "core", "avcc-ops-dlq"
+        )
+        self._store.sender = self._producer
+        log.info("DLQ store open at %s (%s)", path, self._store.counts())
+
+    @Service.task
+    async def _consume(self) -> None:
+        while not self.should_stop:
+            try:
+                await self._ensure_assignment()
+                consumer = self.partitions.consumer
+                if consumer is None or not self.partitions.assigned:
+                    await self.sleep(1.0)
+                    continue
+                messages = await self.partitions.call(consumer.consume, 200, 0.5)
+                for message in messages:
+                    await self._handle(message)
+                if messages:
+                    await self._commit()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep indexing after transient broker errors
+                log.exception("DLQ consumer loop error: %r", exc)
+                await self.sleep(1.0)
+
+    async def _ensure_assignment(self) -> None:
+        now = time.monotonic()
+        if now < self._next_assign_check:
+            return
+        self._next_assign_check = now + 30.0
+        consumer = self.partitions.consumer
+        assert consumer is not None
+        meta = await self.partitions.call(consumer.list_topics, self.topic, 10.0)
+        topic_meta = meta.topics.get(self.topic)
+        if topic_meta is None or topic_meta.error is not None or not topic_meta.partitions:
+            log.warning("DLQ topic %s not available yet; retrying", self.topic)
+            self._next_assign_check = now + 2.0
+            return
+        partitions = set(topic_meta.partitions)
+        if partitions == self.partitions.assigned_partitions():
+            return
+        offsets = self.store.next_offsets()
+        await self.partitions.call(self.partitions.assign_from, partitions, offsets)
+        log.info("DLQ indexer reading %s partitions %s from %s", self.topic, sorted(partitions), offsets)
+
+    async def _commit(self) -> None:
+        """Mirror the store's positions into Kafka (group ``avcc-ops-dlq``) for lag monitoring."""
+        consumer = self.partitions.consumer
+        if consumer is None:
+            return
+        offsets = [TopicPartition(self.topic, p, o) for p, o in self.store.next_offsets().items()]
+        if offsets:
+            await self.partitions.call(functools.partial(consumer.commit, offsets=offsets, asynchronous=True))
+
+    async def _handle(self, message: Any) -> None:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("DLQ consumer error: %s", error)
+            return
+        _, timestamp = message.timestamp()
+        entry, new = self.store.index(
+            message.partition(),
+            message.offset(),
+            int(timestamp or 0),
+            message.key(),
+            message.value(),
+            message.headers(),
+        )
+        if not new:
+            return
+        self.indexed += 1
+        DLQ_INDEXED.labels(entry.consumer_group, entry.original_topic, entry.error_class).inc()
+        meta = entry.metadata
+        log.error(
+            "dlq.new dlq_id=%s group=%s topic=%s partition=%s offset=%s event_id=%s attempt=%s "
+            "error_class=%s error=%s",
+            entry.dlq_id,
+            entry.consumer_group,
+            entry.original_topic,
+            meta.original_partition if meta else None,
+            meta.original_offset if meta else None,
+            entry.event_id,
+            meta.attempt if meta else None,
+            entry.error_class,
+            (meta.error_message if meta else entry.metadata_error or "")[:300],
+        )
+        if now_ms() - entry.failed_at_ms > self.alert_max_age_s * 1000:
+            return  # re-indexing history (new store): no alert storm for old dead letters
+        assert self._dispatcher is not None
+        alert = dead_letter_alert(
+            group=entry.consumer_group or "unknown",
+            error_class=entry.error_class,
+            topic=entry.original_topic or "unknown",
+            dlq_id=entry.dlq_id,
+            error_message=meta.error_message if meta else entry.metadata_error or "",
+            event_id=entry.event_id,
+            console_url=self.console_url,
+        )
+        task = asyncio.ensure_future(self._dispatcher.dispatch(alert))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def wait_indexed(self, count: int, timeout_s: float = 30.0) -> None:
+        """Wait until at least ``count`` new messages were indexed (tests, tooling)."""
+        deadline = time.monotonic() + timeout_s
+        while self.indexed < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"indexed {self.indexed} of {count} dead letters")
+            await asyncio.sleep(0.05)
+
+    async def on_shutdown(self) -> None:
+        """Close consumer (after the last poll), alert sinks, producer and store."""
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=5.0)
+        if self.partitions.consumer is not None:
+            await self.partitions.call(self.partitions.close)
+        self.partitions.shutdown_thread()
+        if self._dispatcher is not None:
+            await self._dispatcher.close()
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await asyncio.get_running_loop().run_in_executor(None, producer.close)
+        if self._store is not None:
+            store, self._store = self._store, None
+            store.close()
+
+
+def install_dlq(app: Any, settings: Settings | None = None, **kwargs: Any) -> DlqService:
+    """Create the :class:`DlqService` of ``app`` (once) and start it with the app's worker."""
+    existing = getattr(app, "_avcc_dlq_service", None)
+    if isinstance(existing, DlqService):
+        return existing
+    service = DlqService(settings or get_settings(), **kwargs)
+    app.service(service)
+    app._avcc_dlq_service = service
+    return service

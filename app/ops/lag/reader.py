@@ -1,0 +1,288 @@
+"""Offsets reader: a :class:`LagSnapshot` of every consumer group, read with confluent-kafka clients.
+
+Groups come from ``AdminClient.list_consumer_groups``, group state from
+``describe_consumer_groups``, committed offsets from a never-subscribing consumer of each group
+(``Consumer.committed``; the admin ``list_consumer_group_offsets`` can crash librdkafka, see
+:meth:`OffsetReader._committed`), end offsets from ``get_watermark_offsets``.
+
+End offsets: Tansu (the embedded dev broker) reports the base offset of the last batch + 1 as the
+end offset, so its lag reads far too low. With ``AVCC_LAG_PROBE_END_OFFSETS=true`` (default: on in
+dev mode) the reader fetches the tail of every partition once per snapshot and takes the high
+watermark of that fetch response, which is exact on both Tansu and Kafka. A committed offset past
+the reported end never yields a negative lag (clamped to 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from app.ops.lag.settings import LagSettings
+from app.ops.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
+from app.platform.faust.app import tansu_like_broker
+from app.platform.kafka.clients import admin_client
+from app.platform.metrics import LAG_MONITOR_ERRORS
+from app.platform.settings import Settings
+
+__all__ = ["OffsetReader"]
+
+log = logging.getLogger(__name__)
+
+#: Most group consumers kept open between snapshots (least recently used ones are closed).
+_MAX_GROUP_CLIENTS = 64
+
+
+def _close_quietly(client: Any) -> None:
+    try:
+        client.close()
+    except Exception:  # closing a client that lost its broker must not raise
+        log.debug("closing %r failed", client, exc_info=True)
+
+
+class OffsetReader:
+    """Reads group offsets and end offsets with confluent-kafka clients (blocking; call in a thread)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: LagSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.config = config if config is not None else LagSettings()
+        self.clock = clock
+        probe = self.config.probe_end_offsets
+        self.probe = tansu_like_broker(settings) if probe is None else probe
+        self._lock = threading.Lock()
+        self._admin: Any = None
+        self._consumer: Any = None
+        self._group_consumers: OrderedDict[str, Any] = OrderedDict()
+
+    # -- clients -----------------------------------------------------------------
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            self._admin = admin_client(self.settings)
+        return self._admin
+
+    def _watermark_consumer(self) -> Any:
+        if self._consumer is None:
+            conf: dict[str, Any] = {
+                **self.settings.kafka_client_config(),
+                # Never subscribes nor commits: the id only satisfies librdkafka.
+                "group.id": "avcc-lag-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 50,
+                "max.partition.fetch.bytes": 65536,
+            }
+            self._consumer = Consumer(conf)
+        return self._consumer
+
+    def close(self) -> None:
+        """Close the clients (idempotent)."""
+        with self._lock:
+            if self._consumer is not None:
+                _close_quietly(self._consumer)
+                self._consumer = None
+            while self._group_consumers:
+                _close_quietly(self._group_consumers.popitem()[1])
+            self._admin = None
+
+    # -- reads -------------------------------------------------------------------
+
+    def snapshot(self) -> LagSnapshot:
+        """Offsets of every group (ids with :attr:`LagSettings.group_prefix`, plus the rules' groups)."""
+        with self._lock:
+            try:
+                return self._snapshot()
+            except Exception as exc:  # any client failure becomes an ERR snapshot, never a crash
+                LAG_MONITOR_ERRORS.labels(stage="snapshot").inc()
+                log.warning("lag snapshot failed: %s", exc)
+                return LagSnapshot(self.clock(), errors={BROKER_ERROR: f"{type(exc).__name__}: {exc}"})
+
+    def group_offsets(self, group: str, partitions: Iterable[tuple[str, int]]) -> list[PartitionOffsets]:
+        """Offsets of ``group`` on the given partitions (what one worker exports for itself)."""
+        tps = sorted(set(partitions))
+        if not tps:
+            return []
+        with self._lock:
+            committed = self._committed(group, tps)
+            marks = self._watermarks(tps)
+        return [
+            PartitionOffsets(group, t, p, marks[(t, p)][1], committed.get((t, p)), marks[(t, p)][0])
+            for t, p in tps
+            if (t, p) in marks
+        ]
+
+    def _committed(self, group: str, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """Committed offsets of ``group`` (``None``: never committed), via a consumer of that group.
+
+        Not ``AdminClient.list_consumer_group_offsets``: librdkafka (up to at least 2.12) crashes the
+        process when that request meets a NOT_COORDINATOR answer (librdkafka#5040), which happens
+        while a coordinator moves (fresh cluster, broker restart). A consumer with the group's id
+        handles it; it never subscribes, so it never joins the group.
+        """
+        if not tps:
+            return {}
+        consumer = self._group_consumers.pop(group, None)
+        if consumer is None:
+            conf: dict[str, Any] = {
+                **self.settings.kafka_client_config(),
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+            consumer = Consumer(conf)
+        self._group_consumers[group] = consumer  # most recently used last
+        while len(self._group_consumers) > _MAX_GROUP_CLIENTS:
+            _, oldest = self._group_consumers.popitem(last=False)
+            _close_quietly(oldest)
+        result = consumer.committed(
+            [TopicPartition(t, p) for t, p in tps], timeout=self.config.request_timeout_s
+        )
+        offsets: dict[tuple[str, int], int | None] = {}
+        for tp in result:
+            if tp.error is not None:
+                raise RuntimeError(f"committed offset of {tp.topic}[{tp.partition}]: {tp.error}")
+            offsets[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+        return offsets
+
+    def _snapshot(self) -> LagSnapshot:
+        admin = self._admin_client()
+        timeout = self.config.request_timeout_s
+        taken_at = self.clock()
+        listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout=timeout + 5)
+        prefix = self.config.group_prefix
+        listed = {g.group_id: g for g in listing.valid}
+        group_ids = {g for g in listed if g.startswith(prefix)}
+        group_ids.discard("avcc-lag-reader")
+        rule_pairs = {(group, rule.topic) for rule in self.config.rules for group in rule.groups}
+        group_ids |= {group for group, _ in rule_pairs}
+        errors: dict[str, str] = {}
+
+        groups: dict[str, GroupState] = {}
+        if group_ids:
+            described = admin.describe_consumer_groups(sorted(group_ids), request_timeout=timeout)
+            for group, future in described.items():
+                try:
+                    description = future.result(timeout=timeout + 5)
+                    state = getattr(description.state, "name", str(description.state))
+                    groups[group] = GroupState(group, state, len(description.members))
+                except Exception as exc:  # fall back on the listing: absent there = no such group
+                    log.debug("describe %s failed: %s", group, exc)
+                    if group not in listed:
+                        groups[group] = GroupState(group, "DEAD", 0)
+                    else:
+                        state = getattr(listed[group].state, "name", "UNKNOWN")
+                        groups[group] = GroupState(group, state)
+
+        metadata = admin.list_topics(timeout=timeout)
+        partitions_of = {
+            name: sorted(meta.partitions)
+            for name, meta in metadata.topics.items()
+            if not meta.error and not name.startswith("__")
+        }
+        every_tp = [(topic, p) for topic in sorted(partitions_of) for p in partitions_of[topic]]
+        committed: dict[str, dict[tuple[str, int], int | None]] = {}
+        for group in sorted(group_ids):
+            if group not in listed and groups.get(group, GroupState(group)).state == "DEAD":
+                committed[group] = {}  # no such group: nothing committed (and no request to make)
+                continue
+            try:
+                committed[group] = {
+                    tp: offset
+                    for tp, offset in self._committed(group, every_tp).items()
+                    if offset is not None
+                }
+            except Exception as exc:  # this group's offsets are unknown: its rows show ERR
+                errors[group] = f"{type(exc).__name__}: {exc}"
+                LAG_MONITOR_ERRORS.labels(stage="group_offsets").inc()
+        for group in [g for g in self._group_consumers if g not in group_ids]:
+            _close_quietly(self._group_consumers.pop(group))
+
+        wanted: dict[str, set[str]] = {}
+        for group, offsets in committed.items():
+            for topic, _ in offsets:
+                wanted.setdefault(group, set()).add(topic)
+        for group, topic in rule_pairs:
+            wanted.setdefault(group, set()).add(topic)
+        tps = sorted(
+            {
+                (topic, p)
+                for topics in wanted.values()
+                for topic in topics
+                if topic in partitions_of
+                for p in partitions_of[topic]
+            }
+        )
+        marks = self._watermarks(tps)
+        rows: list[PartitionOffsets] = []
+        for group in sorted(wanted):
+            offsets = committed.get(group, {})
+            for topic in sorted(wanted[group]):
+                for partition in partitions_of.get(topic, []):
+                    if (topic, partition) in marks:
+                        low, high = marks[(topic, partition)]
+                        committed_offset = offsets.get((topic, partition))
+                        rows.append(PartitionOffsets(group, topic, partition, high, committed_offset, low))
+        return LagSnapshot(taken_at, tuple(rows), groups, errors)
+
+    def _watermarks(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """``(low, end)`` of each partition, probed at the tail when :attr:`probe` is on."""
+        consumer = self._watermark_consumer()
+        timeout = self.config.request_timeout_s
+        marks: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, partition in tps:
+            try:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout, cached=False
+                )
+            except Exception as exc:  # a partition without a leader right now: skip it this round
+                log.debug("watermarks of %s[%d] failed: %s", topic, partition, exc)
+                continue
+            marks[(topic, partition)] = (int(low), int(high))
+        if self.probe:
+            self._probe_tails(consumer, marks)
+        return marks
+
+    def _probe_tails(self, consumer: Any, marks: dict[tuple[str, int], tuple[int, int]]) -> None:
+        """Fetch at ``end - 1`` once per partition; the fetch's high watermark is the true end."""
+        targets = [
+            TopicPartition(topic, partition, max(high - 1, low))
+            for (topic, partition), (low, high) in marks.items()
+            if high > low
+        ]
+        if not targets:
+            return
+        pending = {(tp.topic, tp.partition) for tp in targets}
+        seen: dict[tuple[str, int], int] = {}
+        consumer.assign(targets)
+        try:
+            deadline = time.monotonic() + min(5.0, self.config.request_timeout_s)
+            while pending and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                    key = (message.topic(), message.partition())
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            pending.discard(key)
+                        continue
+                    seen[key] = max(seen.get(key, -1), message.offset())
+                    pending.discard(key)
+            for key, (low, high) in list(marks.items()):
+                try:
+                    _, fetched_high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                except Exception:  # no fetch response for this partition: keep what we have
+                    fetched_high = -1
+                end = max(high, int(fetched_high), seen.get(key, -1) + 1)
+                marks[key] = (low, end)
+        finally:
+            consumer.unassign()

@@ -1,0 +1,1 @@
+"""The retry forwarder: delayed redelivery of ``topic.system.retry`` to the original topics."""

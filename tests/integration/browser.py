@@ -1,0 +1,54 @@
+"""The headless Chromium of the browser tests: skipped locally when missing, a failure in CI.
+
+Mirrors how tests/integration/conftest.py treats a missing server: a CI run (``CI=true``) must
+not pass by skipping what it was meant to check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from types import ModuleType
+from typing import Literal, NoReturn
+
+import pytest
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "chromium", "in_ci", "playwright"]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def in_ci() -> bool:
+    """Whether this run is CI (``CI`` set to 1/true/yes)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _missing(what: str) -> NoReturn:
+    if in_ci():
+        pytest.fail(f"{what} is missing on this CI machine", pytrace=False)
+    pytest.skip(f"{what} not installed")
+
+
+def playwright(api: Literal["async_api", "sync_api"]) -> ModuleType:
+    """The playwright API module (the browser driver)."""
+    try:
+        return importlib.import_module(f"playwright.{api}")
+    except ImportError:
+        _missing("playwright")
+
+
+def chromium() -> str:
+    """Path of the Chromium executable."""
+    path = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+    if path is None:
+        _missing("chromium")
+    return path

@@ -1,0 +1,39 @@
+"""The DLQ service's consumer: configuration and the manual assignment from the store's positions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING
+
+from app.ops.dlq.service import DlqService
+from app.platform.settings import Settings
+
+
+class RecordingConsumer:
+    def __init__(self) -> None:
+        self.assignments: list[list[tuple[str, int, int]]] = []
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assignments.append([(tp.topic, tp.partition, tp.offset) for tp in partitions])
+
+
+def test_consumer_reads_from_the_earliest_offset_as_the_ops_dlq_group() -> None:
+    config = DlqService(Settings()).partitions.config
+    assert config["group.id"] == "avcc-ops-dlq"
+    assert config["client.id"] == "avcc-ops-dlq"
+    assert config["auto.offset.reset"] == "earliest"
+    assert config["enable.auto.commit"] is False
+
+
+def test_every_partition_is_assigned_from_the_stores_next_offset() -> None:
+    partitions = DlqService(Settings(), topic="dlq-unit").partitions
+    consumer = RecordingConsumer()
+    partitions.consumer = consumer
+    partitions.assign_from({2, 0, 1}, {1: 40})
+    assert consumer.assignments == [
+        [("dlq-unit", 0, OFFSET_BEGINNING), ("dlq-unit", 1, 40), ("dlq-unit", 2, OFFSET_BEGINNING)]
+    ]
+    assert partitions.assigned_partitions() == {0, 1, 2}
+    partitions.assign_from({0}, {})
+    assert partitions.assigned == {("dlq-unit", 0)}
