@@ -152,7 +152,8 @@ def clickhouse_url(args: argparse.Namespace, component: str) -> str:
 
 
 def run_sink(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.sink import SinkConfig, SinkRunner, SinkTopics
+    from app.playback.sink.config import SinkConfig, SinkTopics
+    from app.playback.sink.runner import SinkRunner
 
     settings = kafka_settings(args, "sink")
     runner = SinkRunner(

@@ -13,7 +13,7 @@ __all__ = ["SETTINGS_CLASSES", "config_tables"]
 SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.platform.settings", "Settings", "Pipeline (all groups)"),
     ("agents.gateway", "GatewaySettings", "gateway group"),
-    ("agents.sink", "SinkConfig", "sink group"),
+    ("app.playback.sink.config", "SinkConfig", "sink group"),
     ("agents.anomaly", "AnomalySettings", "anomaly group"),
     ("app.ops.lag.monitor", "LagSettings", "lag monitor (ops group)"),
 )
