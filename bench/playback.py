@@ -175,7 +175,8 @@ def run_sink(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.anomaly import AnomalyDetector, AnomalySettings
+    from app.playback.anomaly.config import AnomalySettings
+    from app.playback.anomaly.detector import AnomalyDetector
 
     u = uuid.uuid4().hex[:8]
     detector = AnomalyDetector(

@@ -14,7 +14,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.platform.settings", "Settings", "Pipeline (all groups)"),
     ("agents.gateway", "GatewaySettings", "gateway group"),
     ("app.playback.sink.config", "SinkConfig", "sink group"),
-    ("agents.anomaly", "AnomalySettings", "anomaly group"),
+    ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
     ("app.ops.lag.monitor", "LagSettings", "lag monitor (ops group)"),
 )
 

@@ -21,7 +21,7 @@ from app.playback.anomaly.rules import (
     to_anomaly,
     update_baseline,
 )
-from tables.anomaly import PartitionState
+from app.playback.anomaly.windows import PartitionState
 
 W = 60_000
 
