@@ -184,7 +184,7 @@ def not_yet(exc: Exception) -> bool:
     if isinstance(exc, RetriableError):  # DependencyUnavailable / DependencyTimeout
         return True
     if isinstance(exc, ServerException):
-        return exc.code == UNKNOWN_TABLE
+        return bool(exc.code == UNKNOWN_TABLE)
     return "UNKNOWN_TABLE" in str(exc)  # chDB spells it in the message
 
 

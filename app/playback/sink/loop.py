@@ -312,25 +312,27 @@ class SinkLoop(ConsumerLoop):
             return
 
     def _pause(self) -> None:
-        if not self._paused:
-            consumer = self._open_consumer()
-            assignment = consumer.assignment()
-            if assignment:
-                consumer.pause(assignment)
-            self._paused = True
-            self.stats.paused = True
-            SINK_PAUSED.labels(GROUP).set(1)
+        self._set_paused(True)
 
     def _resume(self) -> None:
-        if self._paused:
-            consumer = self._open_consumer()
-            assignment = consumer.assignment()
-            if assignment:
-                consumer.resume(assignment)
-            self._paused = False
-            self.stats.paused = False
-            SINK_PAUSED.labels(GROUP).set(0)
+        if self._set_paused(False):
             log.info("ClickHouse writes succeed again; partitions resumed")
+
+    def _set_paused(self, paused: bool) -> bool:
+        """Pause (or resume) every assigned partition; ``False`` if they already were."""
+        if self._paused == paused:
+            return False
+        consumer = self._open_consumer()
+        assignment = consumer.assignment()
+        if assignment:
+            if paused:
+                consumer.pause(assignment)
+            else:
+                consumer.resume(assignment)
+        self._paused = paused
+        self.stats.paused = paused
+        SINK_PAUSED.labels(GROUP).set(1 if paused else 0)
+        return True
 
     # --- rebalance --------------------------------------------------------------------------
 

@@ -41,6 +41,12 @@ def _text_param(query: Mapping[str, str], name: str) -> str | None:
     return str(text)
 
 
+def _time_range(query: Mapping[str, str]) -> tuple[int, int]:
+    """``from_ms`` (default 0) and ``to_ms`` (default: the end of time), epoch ms."""
+    from_ms = _int_param(query, "from_ms", 0, 0, MAX_EPOCH_MS)
+    return from_ms, _int_param(query, "to_ms", MAX_EPOCH_MS, 0, MAX_EPOCH_MS)
+
+
 @dataclass(frozen=True, slots=True)
 class StatsRequest:
     """``?avcc_code=&from_ms=&to_ms=``: totals of one code (or all) over a time range."""
@@ -52,11 +58,9 @@ class StatsRequest:
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> StatsRequest:
         """The request of a query string (``ValueError`` names the bad parameter)."""
-        return cls(
-            avcc_code=_text_param(query, "avcc_code"),
-            from_ms=_int_param(query, "from_ms", 0, 0, MAX_EPOCH_MS),
-            to_ms=_int_param(query, "to_ms", MAX_EPOCH_MS, 0, MAX_EPOCH_MS),
-        )
+        avcc_code = _text_param(query, "avcc_code")
+        from_ms, to_ms = _time_range(query)
+        return cls(avcc_code, from_ms, to_ms)
 
     def run(self, backend: ClickHouseBackend) -> dict[str, Any]:
         """The answer body (blocking: call it off the event loop)."""
@@ -76,13 +80,10 @@ class AnomaliesRequest:
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> AnomaliesRequest:
         """The request of a query string (``ValueError`` names the bad parameter)."""
-        return cls(
-            avcc_code=_text_param(query, "avcc_code"),
-            rule=_text_param(query, "rule"),
-            from_ms=_int_param(query, "from_ms", 0, 0, MAX_EPOCH_MS),
-            to_ms=_int_param(query, "to_ms", MAX_EPOCH_MS, 0, MAX_EPOCH_MS),
-            limit=_int_param(query, "limit", 100, 1, 10_000),
-        )
+        avcc_code = _text_param(query, "avcc_code")
+        rule = _text_param(query, "rule")
+        from_ms, to_ms = _time_range(query)
+        return cls(avcc_code, rule, from_ms, to_ms, _int_param(query, "limit", 100, 1, 10_000))
 
     def run(self, backend: ClickHouseBackend) -> dict[str, Any]:
         """The answer body (blocking: call it off the event loop)."""

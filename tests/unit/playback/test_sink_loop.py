@@ -104,7 +104,7 @@ def _sink_loop(consumer: FakeConsumer, backend: FlakyBackend, letters: list[Any]
         topics=SinkTopics("pb", "an", "dlq"),
         group_id="g",
     )
-    loop.consumer = consumer  # type: ignore[assignment]
+    loop.consumer = consumer
     return loop
 
 
