@@ -29,16 +29,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.playback.anomaly.rules import (
-    Baseline,
-    Finding,
-    RuleConfig,
-    WindowAgg,
-    evaluate_window,
-    merge_baselines,
-    merge_windows,
-    update_baseline,
-)
+from app.playback.anomaly.baselines import Baseline, merge_baselines, update_baseline
+from app.playback.anomaly.rules import Finding, RuleConfig, WindowAgg, evaluate_window, merge_windows
 
 __all__ = [
     "SNAPSHOT_VERSION",
