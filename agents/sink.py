@@ -14,7 +14,6 @@ Run: ``faust -A agents.sink worker -l info --web-port 6072`` (or ``avcc worker s
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -41,7 +40,6 @@ __all__ = [
     "app",
 ]
 
-log = logging.getLogger(__name__)
 
 STATS_ROUTE: Final = "/v1/playback/stats"
 ANOMALIES_ROUTE: Final = "/v1/playback/anomalies"
