@@ -19,20 +19,7 @@ from app.playback.gateway.ingest import (
     parse_items,
 )
 from schemas.playback import PlaybackEvent
-from tests.unit.playback.playback_documents import USER
-
-
-def item(**fields: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "avcc_code": "MA.156.10005.8361/work-1",
-        "platform_node": "8361",
-        "user_hash": USER,
-        "event_type": "play",
-        "duration_sec": 60,
-        "revenue_cny": "0.00",
-    }
-    body.update(fields)
-    return body
+from tests.unit.playback.playback_documents import payload
 
 
 class QueueProducer:
@@ -49,9 +36,9 @@ class QueueProducer:
 
 
 def test_json_and_ndjson_bodies_give_items_and_per_line_errors() -> None:
-    assert parse_items(orjson.dumps([item(), 1]), "application/json") == ([item(), 1], {})
-    items, errors = parse_items(orjson.dumps(item()) + b"\n\n{nope\n" + orjson.dumps(item()), NDJSON)
-    assert items == [item(), None, item()]
+    assert parse_items(orjson.dumps([payload(), 1]), "application/json") == ([payload(), 1], {})
+    items, errors = parse_items(orjson.dumps(payload()) + b"\n\n{nope\n" + orjson.dumps(payload()), NDJSON)
+    assert items == [payload(), None, payload()]
     assert list(errors) == [1] and errors[1].startswith("<root>: malformed JSON")
 
 
@@ -72,26 +59,26 @@ def test_unreadable_batches_say_why(body: bytes, content_type: str, status: int,
 
 
 def test_event_ids_are_name_based_for_idempotent_items_else_random_v4() -> None:
-    keyed = PlaybackEvent.model_validate(item(idempotency_id="order-1"))
+    keyed = PlaybackEvent.model_validate(payload(idempotency_id="order-1"))
     assert event_id_for(keyed) == str(uuid.uuid5(EVENT_ID_NAMESPACE, "8361:order-1"))
-    random_id = uuid.UUID(event_id_for(PlaybackEvent.model_validate(item()), bytes(16)))
+    random_id = uuid.UUID(event_id_for(PlaybackEvent.model_validate(payload()), bytes(16)))
     assert random_id.version == 4
 
 
 def test_envelope_bytes_frame_the_validated_event() -> None:
-    event = PlaybackEvent.model_validate(item(revenue_cny="12.5"))
+    event = PlaybackEvent.model_validate(payload(revenue_cny="12.5"))
     document = orjson.loads(envelope_bytes(event, "id-1", 1_717_312_200_000))
     assert document == {
         "event_id": "id-1",
         "timestamp": 1_717_312_200_000,
         "source": "gateway-svc",
-        "payload": item(revenue_cny="12.50"),
+        "payload": payload(revenue_cny="12.50"),
     }
 
 
 def test_admission_produces_valid_items_and_reports_the_rest_by_index() -> None:
     producer = QueueProducer(room=10)
-    items: list[Any] = [item(), "x", item(user_hash="nope"), None, item(idempotency_id="k")]
+    items: list[Any] = [payload(), "x", payload(user_hash="nope"), None, payload(idempotency_id="k")]
     admission = admit(items, {3: "<root>: malformed JSON (x)"}, producer, "pb")  # type: ignore[arg-type]
     assert admission.accepted == 2 and admission.throttled_from is None
     assert sorted(admission.errors) == [1, 2, 3]
@@ -103,6 +90,6 @@ def test_admission_produces_valid_items_and_reports_the_rest_by_index() -> None:
 
 def test_a_full_queue_stops_the_batch_and_marks_every_item_left() -> None:
     producer = QueueProducer(room=1)
-    admission = admit([item(), item(), "x", item()], {}, producer, "pb")  # type: ignore[arg-type]
+    admission = admit([payload(), payload(), "x", payload()], {}, producer, "pb")  # type: ignore[arg-type]
     assert (admission.accepted, admission.throttled_from) == (1, 1)
     assert admission.errors == {1: QUEUE_FULL, 2: QUEUE_FULL, 3: QUEUE_FULL}
