@@ -1,21 +1,11 @@
-"""Gateway group: ``POST /v1/playback/events`` -> ``topic.playback.event`` (seed 9.2.4).
+"""Gateway group (gateway-svc): ``POST /v1/playback/events`` -> ``topic.playback.event`` (seed 9.2.4).
 
-A partner posts a batch of playback reports, signed with HMAC (:mod:`app.platform.http.auth`), as a JSON
-array (``Content-Type: application/json``) or as NDJSON (``application/x-ndjson``, one object
-per non-empty line). Each item is validated against :class:`schemas.playback.PlaybackEvent`;
-valid items are wrapped in an envelope and produced with the playback profile (acks=1,
-linger 5 ms, 64 KiB batches); invalid items are never produced and are reported by index::
+A partner posts a batch of playback reports, signed with HMAC (:mod:`app.platform.http.auth`);
+the batch is read, validated and produced by :mod:`app.playback.gateway.ingest` (JSON array or
+NDJSON, event ids, envelope framing); this module holds the App and the HTTP endpoint. Valid
+items are produced, invalid ones are reported by index::
 
     202 {"accepted": 2, "rejected": 1, "errors": [{"index": 1, "error": "user_hash: must be ..."}]}
-
-``index`` is the position in the array, or among the non-empty lines of an NDJSON body.
-
-Event ids: a fresh uuid4, or -- when the platform supplies ``idempotency_id`` -- the name-based
-uuid5 of ``(platform_node, idempotency_id)``, so a retried item carries the same ``event_id``
-and the sink/anomaly consumers deduplicate it. The message key is the event id: nothing on
-this topic needs per-key order (each report is independent; the anomaly detector orders by
-event time, not offsets), so keys only have to spread load evenly over the 24 partitions, and
-a retried item still lands on the partition of its first copy.
 
 Limits (settings ``AVCC_GATEWAY_*``): body bytes and item count (413), producer queue depth
 (429 with ``Retry-After``). The queue is checked before anything is produced, so a 429 normally
@@ -30,22 +20,13 @@ Run: ``faust -A agents.gateway worker --web-port 6071`` (or ``avcc worker gatewa
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import time
-import uuid
 from typing import Any, Final
 
 import faust
 import mode
-import orjson
 from aiohttp import web
-from confluent_kafka import KafkaException
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.platform.faust.app import get_app
-from app.platform.groups import group_spec
 from app.platform.http.auth import (
     AuthenticationFailed,
     NonceCache,
@@ -56,145 +37,29 @@ from app.platform.http.auth import (
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.views import install_common_views
 from app.platform.kafka.producers import EventProducer
-from app.platform.metrics import EVENTS_OUT, INGEST_ITEMS
+from app.platform.metrics import INGEST_ITEMS
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import PLAYBACK_EVENT
-from schemas.playback import PlaybackEvent
-from schemas.types import format_money
-from schemas.violations import to_schema_violation
+from app.playback.gateway.ingest import (
+    QUEUE_FULL,
+    BatchError,
+    GatewaySettings,
+    admit,
+    parse_items,
+    playback_producer,
+)
 
 __all__ = [
-    "EVENT_ID_NAMESPACE",
     "ROUTE",
-    "GatewaySettings",
+    "GatewayShutdown",
     "PlaybackEvents",
     "PlaybackIngest",
     "app",
-    "envelope_bytes",
-    "event_id_for",
-    "parse_items",
+    "ingest",
 ]
 
-log = logging.getLogger(__name__)
 
 ROUTE: Final = "/v1/playback/events"
-NDJSON: Final = "application/x-ndjson"
-SOURCE: Final = group_spec("gateway").source
-#: Namespace of name-based playback event ids: uuid5(NAMESPACE, "<platform_node>:<idempotency_id>").
-EVENT_ID_NAMESPACE: Final = uuid.UUID("5d0c4c36-8f0e-5b5e-9a51-7f3b1c2a6e10")
-_QUEUE_FULL: Final = "producer queue full, retry later"
-
-
-class GatewaySettings(BaseSettings):
-    """Limits of the playback gateway. Each field maps to ``AVCC_GATEWAY_<FIELD>``."""
-
-    model_config = SettingsConfigDict(env_prefix="AVCC_GATEWAY_", frozen=True, extra="ignore")
-
-    max_items: int = Field(default=5_000, ge=1, description="Most items per batch (more: 413).")
-    max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="Largest request body in bytes (more: 413)."
-    )
-    max_queue: int = Field(
-        default=100_000,
-        ge=1,
-        description="Producer queue depth (messages) above which batches get 429; keep it below "
-        "the playback profile's queue.buffering.max.messages (200k).",
-    )
-    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 answer.")
-    topic: str | None = Field(default=None, description="Topic override (bench/tests; default: the plan's).")
-
-
-class BatchError(Exception):
-    """The body cannot be read as a batch (400/413/415); ``status`` and ``reason`` say why."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-def event_id_for(event: PlaybackEvent, entropy: bytes | None = None) -> str:
-    """The envelope ``event_id``: uuid5 of (platform_node, idempotency_id), else a fresh uuid4.
-
-    ``entropy`` (16 random bytes) lets a batch draw its randomness with one ``os.urandom``.
-    """
-    if event.idempotency_id is not None:
-        return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{event.platform_node}:{event.idempotency_id}"))
-    raw = bytearray(entropy if entropy is not None else os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-#: The payload fields :func:`envelope_bytes` writes; checked against the contract at import, so
-#: a new field in ``PlaybackEvent`` fails loudly here instead of being dropped silently.
-_PAYLOAD_FIELDS: Final = (
-    "avcc_code",
-    "platform_node",
-    "user_hash",
-    "event_type",
-    "duration_sec",
-    "revenue_cny",
-    "idempotency_id",
-)
-if set(PlaybackEvent.model_fields) != set(_PAYLOAD_FIELDS):  # pragma: no cover - contract guard
-    raise ImportError(
-        f"agents.gateway writes {_PAYLOAD_FIELDS}; PlaybackEvent has {set(PlaybackEvent.model_fields)}"
-    )
-
-
-def envelope_bytes(event: PlaybackEvent, event_id: str, timestamp_ms: int) -> bytes:
-    """The envelope ``{"event_id", "timestamp", "source", "payload"}`` as compact JSON bytes.
-
-    The document ``codec.dumps(make_envelope(...))`` writes (minus a ``null`` idempotency id),
-    built from the validated model's attributes: ~4x cheaper than pydantic's serializer.
-    """
-    payload: dict[str, Any] = {
-        "avcc_code": event.avcc_code,
-        "platform_node": event.platform_node,
-        "user_hash": event.user_hash,
-        "event_type": event.event_type,
-        "duration_sec": event.duration_sec,
-        "revenue_cny": format_money(event.revenue_cny),
-    }
-    if event.idempotency_id is not None:
-        payload["idempotency_id"] = event.idempotency_id
-    return orjson.dumps(
-        {"event_id": event_id, "timestamp": timestamp_ms, "source": SOURCE, "payload": payload}
-    )
-
-
-def parse_items(body: bytes, content_type: str) -> tuple[list[Any], dict[int, str]]:
-    """The batch items and the per-index errors of NDJSON lines that are not JSON.
-
-    Raises :class:`BatchError` for an unsupported content type, a body that is not a JSON array
-    (JSON) and an empty batch.
-    """
-    errors: dict[int, str] = {}
-    if content_type == NDJSON:
-        items: list[Any] = []
-        for line in body.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                items.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                errors[len(items)] = f"<root>: malformed JSON ({' '.join(str(exc).split())})"
-                items.append(None)
-    elif content_type in {"application/json", ""}:
-        try:
-            decoded = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BatchError(400, "malformed_json", f"body: malformed JSON ({exc})") from exc
-        if not isinstance(decoded, list):
-            raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
-        items = decoded
-    else:
-        raise BatchError(415, "unsupported_media_type", f"Content-Type must be application/json or {NDJSON}")
-    if not items:
-        raise BatchError(400, "empty_batch", "body: the batch has no items")
-    return items, errors
 
 
 class PlaybackIngest:
@@ -222,7 +87,7 @@ class PlaybackIngest:
     def producer(self) -> EventProducer:
         """The playback-profile producer."""
         if self._producer is None:
-            self._producer = EventProducer(self.settings, "playback", client_id="avcc-gateway")
+            self._producer = playback_producer(self.settings)
         return self._producer
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -267,52 +132,12 @@ class PlaybackIngest:
         return self._ingest(items, errors, producer)
 
     def _ingest(self, items: list[Any], errors: dict[int, str], producer: EventProducer) -> web.Response:
-        timestamp_ms = time.time_ns() // 1_000_000
-        topic = self.topic
-        accepted = 0
-        throttled_from: int | None = None
-        validate = PlaybackEvent.model_validate
-        entropy = os.urandom(16 * len(items))
-        for index, item in enumerate(items):
-            if index in errors:
-                continue
-            if not isinstance(item, dict):
-                errors[index] = "<root>: must be a JSON object"
-                continue
-            try:
-                event = validate(item)
-            except ValidationError as exc:
-                errors[index] = str(to_schema_violation(exc))
-                continue
-            event_id = event_id_for(event, entropy[16 * index : 16 * index + 16])
-            try:
-                producer.send_nowait(topic, envelope_bytes(event, event_id, timestamp_ms), event_id.encode())
-            except BufferError:
-                throttled_from = index
-                break
-            except KafkaException as exc:
-                log.error("produce to %s failed: %s", topic, exc)
-                throttled_from = index
-                break
-            accepted += 1
-        if throttled_from is not None:
-            for index in range(throttled_from, len(items)):
-                errors.setdefault(index, _QUEUE_FULL)
-        rejected = len(errors)
-        if accepted:
-            INGEST_ITEMS.labels("accepted").inc(accepted)
-            EVENTS_OUT.labels("gateway", topic).inc(accepted)
-        if rejected:
-            INGEST_ITEMS.labels("rejected").inc(rejected)
-        body: dict[str, Any] = {
-            "accepted": accepted,
-            "rejected": rejected,
-            "errors": [{"index": i, "error": errors[i]} for i in sorted(errors)],
-        }
-        if throttled_from is None:
+        admission = admit(items, errors, producer, self.topic)
+        body = admission.body()
+        if admission.throttled_from is None:
             return json_response(body, 202)
         retry = self.limits.retry_after_s
-        body.update(error=_QUEUE_FULL, reason="backpressure", retry_after_s=retry)
+        body.update(error=QUEUE_FULL, reason="backpressure", retry_after_s=retry)
         return json_response(body, 429, {"Retry-After": str(retry)})
 
 

@@ -13,8 +13,8 @@ against three baselines, all on the same generated data in one run.
 
    a. ``gateway``  the real faust gateway worker: signed HTTP batches -> Kafka (the load
                    generator is the parent process)
-   b. ``sink``     the ClickHouse sink's batch loop (``agents.sink.SinkRunner``)
-   c. ``anomaly``  the anomaly detector's loop (``agents.anomaly.AnomalyDetector``)
+   b. ``sink``     the ClickHouse sink's batch loop (``app.playback.sink.runner.SinkRunner``)
+   c. ``anomaly``  the anomaly detector's loop (``app.playback.anomaly.detector.AnomalyDetector``)
    d. ``faust``    baseline: a faust agent counting events one at a time (orjson decode);
                    only the first ``--faust-events`` (50k) of the data, to keep the run short
    e. ``quix``     baseline: a Quix Streams app counting the same topic
@@ -152,7 +152,8 @@ def clickhouse_url(args: argparse.Namespace, component: str) -> str:
 
 
 def run_sink(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.sink import SinkConfig, SinkRunner, SinkTopics
+    from app.playback.sink.config import SinkConfig, SinkTopics
+    from app.playback.sink.runner import SinkRunner
 
     settings = kafka_settings(args, "sink")
     runner = SinkRunner(
@@ -174,7 +175,8 @@ def run_sink(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.anomaly import AnomalyDetector, AnomalySettings
+    from app.playback.anomaly.config import AnomalySettings
+    from app.playback.anomaly.detector import AnomalyDetector
 
     u = uuid.uuid4().hex[:8]
     detector = AnomalyDetector(

@@ -12,9 +12,9 @@ __all__ = ["SETTINGS_CLASSES", "config_tables"]
 #: Every settings class, in README order: (module, class name, heading).
 SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.platform.settings", "Settings", "Pipeline (all groups)"),
-    ("agents.gateway", "GatewaySettings", "gateway group"),
-    ("agents.sink", "SinkConfig", "sink group"),
-    ("agents.anomaly", "AnomalySettings", "anomaly group"),
+    ("app.playback.gateway.ingest", "GatewaySettings", "gateway group"),
+    ("app.playback.sink.config", "SinkConfig", "sink group"),
+    ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
 )
 

@@ -1,12 +1,16 @@
-"""Window state of the anomaly group: per-partition snapshots in RocksDB and a compacted changelog.
+"""State of the anomaly group: per-partition window snapshots in RocksDB and a compacted changelog.
 
-The detector keeps one :class:`PartitionState` per owned partition of ``topic.playback.event``:
-its open windows, its partial EWMA baseline, its watermark and the next offset to consume. At
-every offset commit a snapshot of each changed partition is written
+What backs it: NOT a faust table (the anomaly group's faust App runs without Kafka and declares
+no tables). The detector keeps one :class:`~app.playback.anomaly.windows.PartitionState` per
+owned partition of ``topic.playback.event`` in memory -- its open windows, its partial EWMA
+baseline, its watermark and the next offset to consume -- and at every offset commit writes a
+snapshot of each changed partition
 
-1. to a local RocksDB store (:class:`WindowStore`, key ``p:<partition>``), and
-2. to the compacted topic :data:`CHANGELOG_TOPIC` (partition = the source partition, key = the
-   partition number), with acks=all, waited for before the offsets are committed.
+1. to a local RocksDB store opened with rocksdict (:class:`WindowStore`, key ``p:<partition>``,
+   at :func:`window_store_dir`: ``<data_dir>/workers/anomaly/windows`` unless configured), and
+2. to the compacted topic :data:`CHANGELOG_TOPIC` (the plan's ``ANOMALY_WINDOW_CHANGELOG``;
+   partition = the source partition, key = the partition number), with acks=all, waited for
+   before the offsets are committed.
 
 On assignment the snapshot of a partition is taken from the local store when its offset is at
 least the group's committed offset (it is current), else from the changelog's last record of
@@ -19,35 +23,40 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 from rocksdict import Rdict
 
 from app.platform.errors import DependencyUnavailable
-from app.playback.anomaly.rules import Baseline, WindowAgg
+from app.platform.kafka.clients import admin_client, consumer_config
+from app.platform.settings import Settings
+from app.platform.topics import ANOMALY_WINDOW_CHANGELOG
+from app.playback.anomaly.windows import SNAPSHOT_VERSION, PartitionState
 
 __all__ = [
     "CHANGELOG_TOPIC",
+    "RESTORE_GROUP",
+    "SNAPSHOT_MAX_BYTES",
     "SNAPSHOT_VERSION",
     "PartitionState",
     "WindowStore",
     "ensure_changelog",
     "read_changelog",
+    "window_store_dir",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Compacted topic of window snapshots; one partition per source partition.
-CHANGELOG_TOPIC: Final = "avcc-anomaly-window-changelog"
-SNAPSHOT_VERSION: Final = 1
+CHANGELOG_TOPIC: Final = ANOMALY_WINDOW_CHANGELOG.name
 #: Snapshots can be big (open windows of a busy partition): allow 16 MiB records on the topic.
 SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024
+#: Consumer group id of the changelog reads on restore (assign only: it never joins or commits).
+RESTORE_GROUP: Final = "avcc-anomaly-restore"
 _TIMEOUT_S: Final = 30.0
 _NO_LEADER: Final = frozenset(
     {
@@ -59,57 +68,9 @@ _NO_LEADER: Final = frozenset(
 )
 
 
-@dataclass(slots=True)
-class PartitionState:
-    """Detector state of one source partition."""
-
-    partition: int
-    #: Next offset to consume (``None``: nothing consumed since the state was created).
-    offset: int | None = None
-    #: Max event time seen in this partition (epoch ms; -1: none).
-    watermark: int = -1
-    #: Windows starting before this are closed: events for them are late (epoch ms).
-    closed_until: int = 0
-    windows: dict[int, WindowAgg] = field(default_factory=dict)
-    baseline: Baseline = field(default_factory=Baseline)
-    #: Late events dropped so far (diagnostics).
-    late: int = 0
-    #: Event ids of name-based (uuid5) events counted per open window, for dedup (not persisted).
-    seen: dict[int, set[str]] = field(default_factory=dict)
-    #: Changed since the last snapshot.
-    dirty: bool = False
-
-    def to_bytes(self, max_pairs: int) -> bytes:
-        """The snapshot (JSON)."""
-        return orjson.dumps(
-            {
-                "v": SNAPSHOT_VERSION,
-                "partition": self.partition,
-                "offset": self.offset,
-                "watermark": self.watermark,
-                "closed_until": self.closed_until,
-                "late": self.late,
-                "windows": {str(start): agg.to_json(max_pairs) for start, agg in self.windows.items()},
-                "baseline": self.baseline.to_json(),
-            }
-        )
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> PartitionState:
-        """Inverse of :meth:`to_bytes` (``ValueError`` for an unknown snapshot version)."""
-        data: Mapping[str, Any] = orjson.loads(raw)
-        if data.get("v") != SNAPSHOT_VERSION:
-            raise ValueError(f"unknown anomaly snapshot version {data.get('v')!r}")
-        offset = data.get("offset")
-        return cls(
-            partition=int(data["partition"]),
-            offset=int(offset) if offset is not None else None,
-            watermark=int(data.get("watermark", -1)),
-            closed_until=int(data.get("closed_until", 0)),
-            windows={int(k): WindowAgg.from_json(v) for k, v in data.get("windows", {}).items()},
-            baseline=Baseline.from_json(data.get("baseline", {})),
-            late=int(data.get("late", 0)),
-        )
+def window_store_dir(settings: Settings, configured: Path | None = None) -> Path:
+    """Where the local snapshot store lives: ``configured``, else under the data directory."""
+    return configured if configured is not None else settings.data_dir / "workers" / "anomaly" / "windows"
 
 
 class WindowStore:
@@ -140,18 +101,18 @@ class WindowStore:
 
 
 def ensure_changelog(
-    client_config: Mapping[str, Any],
+    settings: Settings,
     partitions: int,
     *,
     topic: str = CHANGELOG_TOPIC,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
 ) -> bool:
     """Create the compacted changelog topic if missing; ``True`` when it was created.
 
     An existing topic with another partition count is refused (``ValueError``): snapshots are
-    addressed by partition number.
+    addressed by partition number. The replication factor defaults to the settings'.
     """
-    admin = AdminClient(dict(client_config))
+    admin = admin_client(settings)
     metadata = admin.list_topics(timeout=_TIMEOUT_S)
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None:
@@ -161,11 +122,16 @@ def ensure_changelog(
                 "delete it (it is rebuilt from the next snapshots) or fix the plan"
             )
         return False
+    if replication_factor is None:
+        replication_factor = settings.replication_factor
     new = NewTopic(
         topic,
         num_partitions=partitions,
         replication_factor=replication_factor,
-        config={"cleanup.policy": "compact", "max.message.bytes": str(SNAPSHOT_MAX_BYTES)},
+        config={
+            "cleanup.policy": ANOMALY_WINDOW_CHANGELOG.cleanup_policy,
+            "max.message.bytes": str(SNAPSHOT_MAX_BYTES),
+        },
     )
     for name, future in admin.create_topics([new], operation_timeout=_TIMEOUT_S).items():
         try:
@@ -180,7 +146,7 @@ def ensure_changelog(
 
 
 def read_changelog(
-    client_config: Mapping[str, Any],
+    settings: Settings,
     partitions: Iterable[int],
     *,
     topic: str = CHANGELOG_TOPIC,
@@ -194,16 +160,8 @@ def read_changelog(
     wanted = sorted(set(partitions))
     if not wanted:
         return {}
-    conf = dict(client_config)
-    conf.update(
-        {
-            "group.id": "avcc-anomaly-restore",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "fetch.message.max.bytes": SNAPSHOT_MAX_BYTES,
-        }
-    )
+    restore: dict[str, Any] = {"enable.partition.eof": True, "fetch.message.max.bytes": SNAPSHOT_MAX_BYTES}
+    conf = consumer_config(settings, RESTORE_GROUP, RESTORE_GROUP, **restore)
     consumer = Consumer(conf)
     latest: dict[int, bytes] = {}
     try:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 __all__ = [
     "ANOMALY",
+    "ANOMALY_WINDOW_CHANGELOG",
     "APPLY_CREATED",
     "CHAIN_TX_CONFIRMED",
     "CHAIN_TX_PENDING",
@@ -143,6 +144,18 @@ ANOMALY = TopicSpec(
     key_field="avcc_code",
     profile="core",
     purpose="anomalies detected on the playback stream, with their evidence",
+)
+#: Snapshots of the anomaly detector's open windows, one partition per playback partition (key =
+#: the partition number). Not in TOPIC_PLAN: the detector creates it itself
+#: (``tables.anomaly.ensure_changelog``) with the 16 MiB ``max.message.bytes`` its snapshots need.
+ANOMALY_WINDOW_CHANGELOG = TopicSpec(
+    name="avcc-anomaly-window-changelog",
+    partitions=PLAYBACK_EVENT.partitions,
+    retention_ms=INFINITE,
+    cleanup_policy="compact",
+    key_field="source partition number",
+    profile="core",
+    purpose="window snapshots of the anomaly detector (its state's changelog)",
 )
 
 #: Internal topics of the code and review groups. Each is keyed like the table it feeds and has

@@ -17,8 +17,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from agents.anomaly import AnomalyDetector, AnomalySettings
 from app.platform.settings import Settings
+from app.playback.anomaly.config import AnomalySettings
+from app.playback.anomaly.detector import AnomalyDetector
 from app.playback.anomaly.rules import ANOMALY_NAMESPACE
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected

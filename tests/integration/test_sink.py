@@ -19,13 +19,16 @@ from typing import Any
 
 import orjson
 import pytest
+from clickhouse_driver.errors import ServerException
 from confluent_kafka import Consumer, Producer
 
-from agents.sink import SinkConfig, SinkRunner, SinkTopics
+from app.platform.errors import RetriableError
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
 from app.playback.sink.clickhouse import ClickHouseBackend, connect
+from app.playback.sink.config import SinkConfig, SinkTopics
+from app.playback.sink.runner import SinkRunner
 from app.playback.sink.store import PLAYBACK_TABLE, count_distinct_events, list_anomalies, playback_stats
 from app.servers import ClickHouseServer, free_port
 from schemas import AnomalyDetected, FailureMetadata, encode_event, make_envelope
@@ -171,16 +174,34 @@ def scenario(broker: Any, clickhouse_server: ClickHouseServer, unique: str, tmp_
     return Scenario(settings, topics, f"test-sink-{unique}", url, unique)
 
 
+#: ClickHouse's error code for a table that does not exist (yet).
+UNKNOWN_TABLE = 60
+
+
+def not_yet(exc: Exception) -> bool:
+    """Whether ``exc`` only means "not yet": ClickHouse down or restarting, or the sink has not
+    created its tables yet. Anything else is a bug in the condition and must not be waited out."""
+    if isinstance(exc, RetriableError):  # DependencyUnavailable / DependencyTimeout
+        return True
+    if isinstance(exc, ServerException):
+        return bool(exc.code == UNKNOWN_TABLE)
+    return "UNKNOWN_TABLE" in str(exc)  # chDB spells it in the message
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, step: float = 0.25) -> None:
+    """Poll ``condition`` until it holds; only :func:`not_yet` errors are retried, others raise."""
     deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
     while time.monotonic() < deadline:
         try:
             if condition():
                 return
-        except Exception:  # ClickHouse restarting, table not created yet...
-            pass
+        except Exception as exc:
+            if not not_yet(exc):
+                raise
+            last_error = exc
         time.sleep(step)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error!r})")
 
 
 def distinct(backend: ClickHouseBackend) -> int:

@@ -2,8 +2,9 @@
 
 One event-time tumbling window of ``window_ms`` is summarised by a :class:`WindowAgg` (counts per
 code, per (code, node), per (code, user) and the per-event rule hits). When the window closes,
-:func:`evaluate_window` compares it with the :class:`Baseline` built from the windows before it
-and returns :class:`Finding` s; :func:`update_baseline` then folds the window into the baseline.
+:func:`evaluate_window` compares it with the :class:`~app.playback.anomaly.baselines.Baseline`
+built from the windows before it and returns :class:`Finding` s;
+:func:`~app.playback.anomaly.baselines.update_baseline` then folds the window into the baseline.
 
 Rules (thresholds in :class:`RuleConfig`):
 
@@ -27,38 +28,34 @@ The last two are checked per event (:meth:`WindowAgg.add`) but reported once per
 anomaly topic. Every finding has a deterministic id (:func:`anomaly_id`: uuid5 of rule, key and
 window start), so evaluating the same window again (a replay after a crash) yields the same ids.
 
-EWMA baselines are linear in the counts, so a baseline can be kept per source partition (each
-partition folds in its own share of a window) and the partial baselines summed when a window
-is evaluated (:func:`merge_baselines`): the sum is exactly the EWMA of the summed counts.
+EWMA baselines, kept per source partition and summed at evaluation, are in
+:mod:`app.playback.anomaly.baselines`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
+from app.playback.anomaly.baselines import SEP, Baseline, split_key
 from schemas.system import AnomalyDetected
 from schemas.types import AnomalyRule
 
 __all__ = [
     "ANOMALY_NAMESPACE",
-    "Baseline",
     "Finding",
     "RuleConfig",
     "WindowAgg",
     "anomaly_id",
     "evaluate_window",
-    "merge_baselines",
     "merge_windows",
     "to_anomaly",
-    "update_baseline",
 ]
 
 #: Namespace of anomaly ids: uuid5(ANOMALY_NAMESPACE, "<rule>|<key>|<window start ms>").
 ANOMALY_NAMESPACE: Final = uuid.UUID("0b6f2a53-2f41-5c8e-b0a7-6a3d9c1e4f27")
-_SEP: Final = "\t"
 _ZEROS: Final = frozenset({"0.00", "0", "0.0", 0})
 _DAY: Final = 24 * 3600
 
@@ -188,9 +185,9 @@ class WindowAgg:
         return {
             "events": self.events,
             "codes": self.codes,
-            "nodes": {f"{c}{_SEP}{n}": v for (c, n), v in self.nodes.items()},
-            "pairs": {f"{c}{_SEP}{u}": v for (c, u), v in pairs},
-            "points": {f"{r}{_SEP}{c}": v for (r, c), v in self.points.items()},
+            "nodes": {f"{c}{SEP}{n}": v for (c, n), v in self.nodes.items()},
+            "pairs": {f"{c}{SEP}{u}": v for (c, u), v in pairs},
+            "points": {f"{r}{SEP}{c}": v for (r, c), v in self.points.items()},
         }
 
     @classmethod
@@ -199,15 +196,10 @@ class WindowAgg:
         agg = cls()
         agg.events = int(data.get("events", 0))
         agg.codes = {str(k): int(v) for k, v in data.get("codes", {}).items()}
-        agg.nodes = {_split(k): int(v) for k, v in data.get("nodes", {}).items()}
-        agg.pairs = {_split(k): int(v) for k, v in data.get("pairs", {}).items()}
-        agg.points = {_split(k): list(v) for k, v in data.get("points", {}).items()}
+        agg.nodes = {split_key(k): int(v) for k, v in data.get("nodes", {}).items()}
+        agg.pairs = {split_key(k): int(v) for k, v in data.get("pairs", {}).items()}
+        agg.points = {split_key(k): list(v) for k, v in data.get("points", {}).items()}
         return agg
-
-
-def _split(key: str) -> tuple[str, str]:
-    first, _, second = key.partition(_SEP)
-    return first, second
 
 
 def merge_windows(aggs: Iterable[WindowAgg]) -> WindowAgg:
@@ -215,122 +207,6 @@ def merge_windows(aggs: Iterable[WindowAgg]) -> WindowAgg:
     merged = WindowAgg()
     for agg in aggs:
         merged.merge(agg)
-    return merged
-
-
-@dataclass(slots=True)
-class Baseline:
-    """EWMA of past window counts (of one source partition, or merged)."""
-
-    #: code -> [ewma of count, windows seen]
-    codes: dict[str, list[float]] = field(default_factory=dict)
-    #: (code, node) -> ewma of count
-    nodes: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: Start of the last window folded in (``None``: none yet).
-    last_window: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "last_window": self.last_window,
-            "codes": {c: [round(e[0], 6), int(e[1])] for c, e in self.codes.items()},
-            "nodes": {f"{c}{_SEP}{n}": round(v, 6) for (c, n), v in self.nodes.items()},
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Baseline:
-        """Inverse of :meth:`to_json`."""
-        last = data.get("last_window")
-        return cls(
-            codes={str(c): [float(e[0]), float(e[1])] for c, e in data.get("codes", {}).items()},
-            nodes={_split(k): float(v) for k, v in data.get("nodes", {}).items()},
-            last_window=int(last) if last is not None else None,
-        )
-
-
-def update_baseline(
-    baseline: Baseline,
-    agg: WindowAgg | None,
-    window_start: int,
-    cfg: RuleConfig,
-    known: Container[str] = (),
-) -> Baseline:
-    """Fold the window starting at ``window_start`` into ``baseline`` (in place; returned).
-
-    ``agg`` is ``None`` when the window had no events here: every entry then decays. Windows
-    skipped since the last fold (no events at all) decay the entries once each. A window at or
-    before the last folded one is ignored (folding is idempotent per window).
-
-    ``known``: codes that already have a baseline elsewhere (in another partition's part).
-    A code new *here* but known elsewhere had 0 events here before, so its entry starts at
-    ``alpha * count``; a code new everywhere starts at ``count``. This keeps the sum of partial
-    baselines equal to the baseline of the summed counts.
-    """
-    last = baseline.last_window
-    if last is not None and window_start <= last:
-        return baseline
-    alpha = cfg.ewma_alpha
-    keep = 1.0 - alpha
-    codes = agg.codes if agg is not None else {}
-    nodes = agg.nodes if agg is not None else {}
-    if last is not None:
-        gap = (window_start - last) // cfg.window_ms - 1
-        if gap > 0:
-            decay = keep**gap
-            for entry in baseline.codes.values():
-                entry[0] *= decay
-            for key in baseline.nodes:
-                baseline.nodes[key] *= decay
-    for code, entry in baseline.codes.items():
-        entry[0] = alpha * codes.get(code, 0) + keep * entry[0]
-        entry[1] += 1
-    for key, value in baseline.nodes.items():
-        baseline.nodes[key] = alpha * nodes.get(key, 0) + keep * value
-    for code, count in codes.items():
-        if code not in baseline.codes:
-            baseline.codes[code] = [alpha * count if code in known else float(count), 1.0]
-    for key, count in nodes.items():
-        if key not in baseline.nodes:
-            baseline.nodes[key] = alpha * count if key[0] in known else float(count)
-    floor = cfg.baseline_floor
-    dropped = {c for c, e in baseline.codes.items() if e[0] < floor}
-    if len(baseline.codes) - len(dropped) > cfg.baseline_max_codes:
-        ranked = sorted((e[0], c) for c, e in baseline.codes.items() if c not in dropped)
-        dropped.update(c for _, c in ranked[: len(ranked) - cfg.baseline_max_codes])
-    for code in dropped:
-        del baseline.codes[code]
-    stale = [k for k, v in baseline.nodes.items() if v < floor or k[0] in dropped]
-    for key in stale:
-        del baseline.nodes[key]
-    baseline.last_window = window_start
-    return baseline
-
-
-def merge_baselines(baselines: Iterable[Baseline], codes: Iterable[str] | None = None) -> Baseline:
-    """Sum partial baselines (EWMAs add up; windows seen: the maximum).
-
-    With ``codes`` only those codes (and their nodes) are merged: what evaluating one window needs.
-    """
-    wanted = set(codes) if codes is not None else None
-    merged = Baseline()
-    for part in baselines:
-        if wanted is None:
-            items: Iterable[tuple[str, list[float]]] = part.codes.items()
-        else:
-            items = ((c, part.codes[c]) for c in wanted if c in part.codes)
-        for code, (ewma, seen) in items:
-            entry = merged.codes.get(code)
-            if entry is None:
-                merged.codes[code] = [ewma, seen]
-            else:
-                entry[0] += ewma
-                entry[1] = max(entry[1], seen)
-        for key, value in part.nodes.items():
-            if wanted is None or key[0] in wanted:
-                merged.nodes[key] = merged.nodes.get(key, 0.0) + value
-        last = part.last_window
-        if last is not None and (merged.last_window is None or last > merged.last_window):
-            merged.last_window = last
     return merged
 
 

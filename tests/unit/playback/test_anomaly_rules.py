@@ -8,20 +8,18 @@ import uuid
 
 import pytest
 
+from app.playback.anomaly.baselines import Baseline, merge_baselines, update_baseline
 from app.playback.anomaly.rules import (
     ANOMALY_NAMESPACE,
-    Baseline,
     Finding,
     RuleConfig,
     WindowAgg,
     anomaly_id,
     evaluate_window,
-    merge_baselines,
     merge_windows,
     to_anomaly,
-    update_baseline,
 )
-from tables.anomaly import PartitionState
+from app.playback.anomaly.windows import PartitionState
 
 W = 60_000
 
