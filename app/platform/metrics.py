@@ -146,7 +146,7 @@ __all__ += [
     "AUTH_FAILURES",
 ]
 
-# --- retry consumer, DLQ index and alerts (agents/retry.py, app/dlq.py, app/alerts.py) ---
+# --- retry consumer, DLQ index and alerts (app/ops/retry/, app/ops/dlq/, app/ops/alerts.py) ---
 RETRY_REDELIVERED = Counter(
     "avcc_retry_redelivered_total",
     "Retry-topic messages re-produced to their original topic",

@@ -9,7 +9,7 @@ Each test starts one faust worker subprocess (a tiny app written below) whose ag
 * ``broken-...``  raise while the file ``<out>/broken`` exists (the console test "fixes" it),
 * anything else   succeed.
 
-The worker also runs a :class:`agents.retry.RetryForwarder` limited to the test's group (the
+The worker also runs a :class:`app.ops.retry.forwarder.RetryForwarder` limited to the test's group (the
 retry and DLQ topics are the plan's, shared by every test, so a unique app id / group per test
 and filtering by event id or original topic keep tests apart). The worker logs every attempt
 and every applied event to ``<out>/events.jsonl``.

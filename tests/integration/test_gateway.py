@@ -17,9 +17,9 @@ from aiohttp.test_utils import TestServer
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from agents.gateway import ROUTE, PlaybackIngest
 from app.platform.http.auth import HEADER_SIGNATURE, NonceCache, sign_request
 from app.platform.settings import Settings
+from app.playback.gateway.endpoint import ROUTE, PlaybackIngest
 from app.playback.gateway.ingest import EVENT_ID_NAMESPACE, GatewaySettings
 from schemas.envelope import Envelope
 from schemas.playback import PlaybackEvent
