@@ -32,8 +32,8 @@ from app.lifecycle.code.claims import (
 from app.lifecycle.code.records import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
-from app.platform.http.auth import authorize
-from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
+from app.platform.http.auth import signed_json
+from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
@@ -57,7 +57,7 @@ __all__ = ["app"]
 app = get_app("code")
 settings = get_settings()
 runtime = GroupRuntime("code", "code-svc", app)
-install_common_views(app, "code")
+install_common_views(app, "code", signed_routes=True)
 
 
 def _raw_topic(spec: TopicSpec, *more: TopicSpec) -> Any:
@@ -171,14 +171,10 @@ class Applications(faust.web.View):
     """``POST``: apply for an AVCC code (HMAC-signed JSON body)."""
 
     async def post(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        denied = await authorize(request, body, settings)
-        if denied is not None:
-            return denied
-        try:
-            application = parse_body(ApplicationRequest, body)
-        except BadRequest as exc:
-            return json_error(400, str(exc), fields=list(exc.fields))
+        checked = await signed_json(request, settings, ApplicationRequest, scope="apply")
+        if isinstance(checked, web.Response):
+            return checked
+        _, application = checked
         try:
             reply = await asyncio.wait_for(
                 claim_applications.ask(
@@ -198,12 +194,10 @@ class Record(faust.web.View):
     """``GET``: a record with its history, answered by the owner of its partition."""
 
     async def get(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        req = await record_request(request, avcc_record_id, settings)
+        req = await record_request(request, avcc_record_id, settings, scope="records:read")
         if isinstance(req, web.Response):
             return req
-        routed = await answer_at_owner(
-            app, records.table, req.key, request, req.body, settings, forwarded=req.forwarded
-        )
+        routed = await answer_at_owner(app, records.table, req, request, settings)
         if routed is not None:
             return routed
         state = records.get(str(req.record_id))

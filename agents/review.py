@@ -19,7 +19,7 @@ from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
-from app.platform.http.auth import authorize
+from app.platform.http.auth import require_hmac
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
 from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
@@ -35,7 +35,7 @@ __all__ = ["app"]
 app = get_app("review")
 settings = get_settings()
 runtime = GroupRuntime("review", "review-svc", app)
-install_common_views(app, "review")
+install_common_views(app, "review", signed_routes=True)
 review_config = ReviewConfig()
 
 inputs = app.topic(
@@ -83,10 +83,8 @@ ROUTE_DECISION = "/v1/review/tasks/{avcc_record_id}/decision"
 class Tasks(faust.web.View):
     """``GET ?status=need_human``: review tasks held by this worker."""
 
+    @require_hmac("review:decide")
     async def get(self, request: web.Request) -> web.Response:
-        denied = await authorize(request, await request.read(), settings)
-        if denied is not None:
-            return denied
         wanted = request.query.get("status")
         items = [t.public() for t in tasks.values() if wanted is None or t.status == wanted]
         items.sort(key=lambda t: t["created_ms"])
@@ -98,7 +96,7 @@ class Decision(faust.web.View):
     """``POST``: a reviewer approves or rejects a ``need_human`` task."""
 
     async def post(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        signed = await record_request(request, avcc_record_id, settings)
+        signed = await record_request(request, avcc_record_id, settings, scope="review:decide")
         if isinstance(signed, web.Response):
             return signed
         try:
@@ -106,9 +104,7 @@ class Decision(faust.web.View):
         except BadRequest as exc:
             return json_error(400, str(exc), fields=list(exc.fields))
         record_id, key = signed.record_id, signed.key
-        routed = await answer_at_owner(
-            app, tasks.table, key, request, signed.body, settings, forwarded=signed.forwarded
-        )
+        routed = await answer_at_owner(app, tasks.table, signed, request, settings)
         if routed is not None:
             return routed
         task = tasks.get(str(record_id))
@@ -116,7 +112,12 @@ class Decision(faust.web.View):
             return json_error(404, f"no review task for record {record_id}")
         if task.status != "need_human":
             return json_error(409, f"task is {task.status}, not need_human")
-        decision = HumanDecision(avcc_record_id=record_id, decision_id=str(uuid.uuid4()), **req.model_dump())
+        decision = HumanDecision(
+            avcc_record_id=record_id,
+            decision_id=str(uuid.uuid4()),
+            decided_by_key=signed.signed.key_id,
+            **req.model_dump(),
+        )
         envelope = make_envelope(decision, source="review-svc")
         await runtime.producer.send(REVIEW_DECISIONS, encode_event(envelope), key)
         answer = {"avcc_record_id": record_id, "status": "accepted", "event_id": str(envelope.event_id)}

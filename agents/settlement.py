@@ -21,8 +21,8 @@ from app.lifecycle.settlement.clearing import (
 )
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
-from app.platform.http.auth import authorize
-from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
+from app.platform.http.auth import require_hmac, signed_json
+from app.platform.http.responses import json_error, json_response
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import CHAIN_TX_CONFIRMED
@@ -35,7 +35,7 @@ __all__ = ["app"]
 app = get_app("settlement")
 settings = get_settings()
 runtime = GroupRuntime("settlement", "settlement-svc", app)
-install_common_views(app, "settlement")
+install_common_views(app, "settlement", signed_routes=True)
 
 confirmed = app.topic(
     CHAIN_TX_CONFIRMED.name,
@@ -80,14 +80,10 @@ class Instructions(faust.web.View):
     """``POST``: submit a settlement instruction for notarisation on the settlement chain."""
 
     async def post(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        denied = await authorize(request, body, settings)
-        if denied is not None:
-            return denied
-        try:
-            req = parse_body(InstructionRequest, body)
-        except BadRequest as exc:
-            return json_error(400, str(exc), fields=list(exc.fields))
+        checked = await signed_json(request, settings, InstructionRequest, scope="settlement")
+        if isinstance(checked, web.Response):
+            return checked
+        _, req = checked
         outgoing = instruction_pending(req)
         await runtime.emit([outgoing])
         answer = {
@@ -102,10 +98,8 @@ class Instructions(faust.web.View):
 class InstructionStatus(faust.web.View):
     """``GET``: clearing status of an instruction (held by this worker's partitions)."""
 
+    @require_hmac("settlement")
     async def get(self, request: web.Request, instruction_id: str) -> web.Response:
-        denied = await authorize(request, await request.read(), settings)
-        if denied is not None:
-            return denied
         record = clearing.get(instruction_id)
         if record is None:
             return json_error(404, f"instruction {instruction_id} not cleared yet or unknown")

@@ -65,7 +65,7 @@ def _ready() -> tuple[bool, str]:
     return runner.readiness()
 
 
-install_common_views(app, GROUP, assignment=_assigned, ready_check=_ready)
+install_common_views(app, GROUP, signed_routes=True, assignment=_assigned, ready_check=_ready)
 
 
 @app.service
@@ -114,7 +114,7 @@ async def _answer(work: Callable[[ClickHouseBackend], Any]) -> web.Response:
 class PlaybackStatsView(faust.web.View):
     """``GET /v1/playback/stats``: exact play/complete/purchase counts, revenue, unique users."""
 
-    @require_hmac
+    @require_hmac("playback:read")
     async def get(self, request: web.Request) -> web.Response:
         try:
             wanted = StatsRequest.parse(request.query)
@@ -127,7 +127,7 @@ class PlaybackStatsView(faust.web.View):
 class PlaybackAnomaliesView(faust.web.View):
     """``GET /v1/playback/anomalies``: distinct anomalies, newest window first."""
 
-    @require_hmac
+    @require_hmac("playback:read")
     async def get(self, request: web.Request) -> web.Response:
         try:
             wanted = AnomaliesRequest.parse(request.query)

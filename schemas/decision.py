@@ -25,3 +25,6 @@ class HumanDecision(HumanDecisionRequest):
 
     avcc_record_id: RecordId
     decision_id: Identifier
+    #: The API key that signed the decision (the reviewer name is what the caller says; the key
+    #: is what authenticated it). Absent on decisions recorded before keys were kept.
+    decided_by_key: Identifier | None = None

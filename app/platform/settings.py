@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.platform.credentials import ApiKey, refuse_weak_secret
 from app.platform.errors import ConfigurationError
 
 __all__ = ["DEV_HMAC_KEYS", "Settings", "get_settings"]
@@ -80,15 +81,28 @@ class Settings(BaseSettings):
         description="Dev stack only: allows the shipped dev HMAC key and a broker that cannot "
         "honour the core profile (with a loud warning).",
     )
-    hmac_keys: dict[str, SecretStr] = Field(
+    hmac_keys: dict[str, ApiKey | SecretStr] = Field(
         default_factory=dict,
-        description='API keys for the `/v1/` endpoints as JSON, e.g. `{"partner-a": "secret"}`. '
-        "Empty outside dev mode means every signed request is refused.",
+        description='API keys for the `/v1/` endpoints as JSON: `{"partner-a": "secret"}` (every scope) '
+        'or `{"partner-a": {"secret": "...", "scopes": ["playback:write", "playback:read"]}}`; scopes: '
+        "`apply`, `records:read`, `review:decide`, `settlement`, `playback:write`, `playback:read`. "
+        "Empty outside dev mode means every signed request is refused; empty or placeholder secrets "
+        "are refused at start.",
     )
     hmac_max_skew_ms: int = Field(300_000, description="Accepted clock skew of signed requests.")
     operator_users: dict[str, SecretStr] = Field(
         default_factory=dict,
-        description='Operator console logins as JSON `{"user": "password"}` (dev: admin/admin).',
+        description='Operator console logins as JSON `{"user": "password"}` (dev: admin/admin); '
+        "empty or placeholder passwords are refused at start.",
+    )
+    nonce_store: Literal["kafka", "local"] = Field(
+        "kafka",
+        description="Where signed requests' nonces are recorded: `kafka` (shared by every replica "
+        "through `topic.system.nonces`, so a request is accepted once in the whole deployment) or "
+        "`local` (one process only; single-worker setups and tests).",
+    )
+    http_body_timeout_s: float = Field(
+        10.0, description="Longest time a client may take to send a request body (408 after)."
     )
     avcc_org: str = Field("10005", description="Issuer (organisation) digits of AVCC codes.")
     avcc_node: str = Field("8361", description="Node digits of AVCC codes.")
@@ -110,6 +124,21 @@ class Settings(BaseSettings):
         "offsets do not move for this long exits (status 70) to be restarted; 0 disables.",
     )
     log_level: str = Field("INFO", description="Log level of workers.")
+
+    @field_validator("hmac_keys")
+    @classmethod
+    def _strong_api_secrets(cls, keys: dict[str, ApiKey | SecretStr]) -> dict[str, ApiKey | SecretStr]:
+        for name, key in keys.items():
+            secret = key.secret if isinstance(key, ApiKey) else key
+            refuse_weak_secret(f"AVCC_HMAC_KEYS[{name!r}]", secret.get_secret_value())
+        return keys
+
+    @field_validator("operator_users")
+    @classmethod
+    def _strong_passwords(cls, users: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, password in users.items():
+            refuse_weak_secret(f"AVCC_OPERATOR_USERS[{name!r}]", password.get_secret_value())
+        return users
 
     @field_validator("avcc_org", "avcc_node")
     @classmethod
@@ -171,12 +200,20 @@ class Settings(BaseSettings):
             conf["ssl.key.location"] = str(self.kafka_ssl_keyfile)
         return conf
 
-    def effective_hmac_keys(self) -> dict[str, str]:
-        """Configured API keys; in dev mode the shipped dev key is added."""
-        keys = {name: secret.get_secret_value() for name, secret in self.hmac_keys.items()}
+    def api_keys(self) -> dict[str, ApiKey]:
+        """Configured API keys with their scopes; in dev mode the shipped dev key (every scope)."""
+        keys = {
+            name: key if isinstance(key, ApiKey) else ApiKey(secret=key)
+            for name, key in self.hmac_keys.items()
+        }
         if self.dev_mode:
-            keys = {**DEV_HMAC_KEYS, **keys}
+            dev = {name: ApiKey(secret=SecretStr(secret)) for name, secret in DEV_HMAC_KEYS.items()}
+            keys = {**dev, **keys}
         return keys
+
+    def effective_hmac_keys(self) -> dict[str, str]:
+        """Key id -> secret of :meth:`api_keys`."""
+        return {name: key.secret.get_secret_value() for name, key in self.api_keys().items()}
 
     def effective_operators(self) -> dict[str, str]:
         """Operator logins; in dev mode ``admin``/``admin`` is added."""

@@ -22,6 +22,7 @@ __all__ = [
     "DAY_MS",
     "DLQ",
     "INFINITE",
+    "NONCES",
     "PLAYBACK_EVENT",
     "RETRY",
     "REVIEW_DECISIONS",
@@ -188,6 +189,19 @@ REVIEW_DECISIONS = TopicSpec(
     purpose="human reviewer decisions, co-partitioned with apply.created for the tasks table",
 )
 
+#: Nonces of signed HTTP requests, shared by every replica of every group: a request's claim is
+#: keyed by its key id and nonce, so all claims of one nonce meet in one partition, where the
+#: first in log order wins (:mod:`app.platform.http.nonces`). Kept well past the 2 x skew window.
+NONCES = TopicSpec(
+    name="topic.system.nonces",
+    partitions=6,
+    retention_ms=60 * 60 * 1000,
+    cleanup_policy="delete",
+    key_field="key id + nonce",
+    profile="core",
+    purpose="nonces of signed /v1/ requests: a request is accepted once in the whole deployment",
+)
+
 #: The seed's six topics, the retry topic, then topics this project adds.
 TOPIC_PLAN: tuple[TopicSpec, ...] = (
     APPLY_CREATED,
@@ -201,6 +215,7 @@ TOPIC_PLAN: tuple[TopicSpec, ...] = (
     CODE_CLAIMS,
     CODE_REVIEW_FINISHED,
     REVIEW_DECISIONS,
+    NONCES,
 )
 
 

@@ -62,13 +62,19 @@ class Stack:
             **(env or {}),
         }
 
+    @staticmethod
+    def host(index: int) -> str:
+        """The loopback address replica ``index`` binds and announces (like one pod IP each)."""
+        return f"127.0.0.{index + 1}"
+
     def worker(self, group: str, index: int = 0) -> ManagedProcess:
         """The (created on first use) worker process ``index`` of ``group``."""
         key = (group, index)
         if key not in self.workers:
             port = free_port()
+            host = self.host(index)
             data = self.root / f"{group}-{index}"
-            env = {**self.env, "AVCC_DATA_DIR": str(data)}
+            env = {**self.env, "AVCC_DATA_DIR": str(data), "AVCC_WEB_HOST": host}
             argv = [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)]
             self.ports[key] = port
             self.workers[key] = ManagedProcess(
@@ -77,7 +83,7 @@ class Stack:
                 log_path=self.root / f"{group}-{index}.log",
                 cwd=ROOT,
                 env=env,
-                ready=lambda p=port: _ready(p),
+                ready=lambda h=host, p=port: _ready(h, p),
                 ready_timeout=120.0,
                 stop_timeout=30.0,
                 die_with_parent=True,
@@ -94,7 +100,7 @@ class Stack:
 
     def url(self, group: str, index: int = 0) -> str:
         """Base URL of a worker's web server."""
-        return f"http://127.0.0.1:{self.ports[(group, index)]}"
+        return f"http://{self.host(index)}:{self.ports[(group, index)]}"
 
     def data_dir(self, group: str, index: int = 0) -> Path:
         """The worker's data dir (RocksDB tables, ledger)."""
@@ -144,7 +150,8 @@ class Stack:
         raw: bytes | None = None,
         index: int = 0,
     ) -> tuple[int, Any]:
-        """One HTTP request to a worker; returns (status, decoded JSON or text)."""
+        """One HTTP request to a worker; returns (status, decoded JSON or text). ``headers``
+        replace the fresh signature's (e.g. to send one signed request twice)."""
         data = raw if raw is not None else (orjson.dumps(body) if body is not None else b"")
         all_headers = dict(sign_request(method, path, data, API_KEY, API_SECRET)) if signed else {}
         all_headers.update(headers or {})
@@ -161,8 +168,8 @@ class Stack:
                 return response.status, text.decode(errors="replace")
 
 
-def _ready(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
+def _ready(host: str, port: int) -> bool:
+    with urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=2) as response:
         return bool(response.status == 200)
 
 

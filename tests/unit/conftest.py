@@ -11,7 +11,8 @@ from app.platform.settings import get_settings
 
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Point the settings at a closed loopback port and name the broker kind, so nothing probes.
+    """Point the settings at a closed loopback port and name the broker kind, so nothing probes;
+    signed requests' nonces are kept in the process.
 
     Without ``AVCC_KAFKA_SINGLE_RECORD_BATCHES`` building a faust App asks the broker for its
     cluster id; a unit test that would need an answer from a broker fails instead of finding one
@@ -19,6 +20,7 @@ def no_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """
     monkeypatch.setenv("AVCC_KAFKA_URL", "kafka://127.0.0.1:1")
     monkeypatch.setenv("AVCC_KAFKA_SINGLE_RECORD_BATCHES", "false")
+    monkeypatch.setenv("AVCC_NONCE_STORE", "local")
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()

@@ -49,6 +49,7 @@ class ReviewTask(BaseModel):
     content_hash: str | None = None
     applicant_id: str | None = None
     reviewer: str | None = None
+    decided_by_key: str | None = None
     reason: str | None = None
     created_ms: int
     decided_ms: int | None = None
@@ -130,6 +131,7 @@ def human_decided(
             "decision": decision,
             "final_level": d.final_level,
             "reviewer": d.reviewer,
+            "decided_by_key": d.decided_by_key,
             "reason": d.reason,
             "decided_ms": now,
             "seen": _seen(task, str(envelope.event_id), now),

@@ -1,29 +1,39 @@
-"""HMAC request authentication of every ``/v1/`` endpoint (see :mod:`app.platform.http.signing`).
+"""HMAC request authentication and key scopes of every ``/v1/`` endpoint.
 
-Checks, in order (the first failure answers 401 ``{"error": ..., "reason": ...}``):
-``missing_header`` (a header is absent or malformed), ``unknown_key``, ``stale_timestamp``
-(further than ``settings.hmac_max_skew_ms`` from the server clock, either way), ``bad_signature``
-(constant-time compare), ``replayed_nonce`` (the key already used this nonce; a nonce is only
-recorded once its signature verified, so forged requests cannot poison the cache).
+One flow, :func:`authenticate`, in the order that keeps pre-auth work bounded:
 
-Views use :func:`require_hmac` (a decorator for faust ``View`` methods), :func:`authorize` (the
-401 answer or ``None``) or call :func:`authenticate` themselves. The signing side (headers,
-canonical request, :func:`sign_request`, :class:`NonceCache`) lives in
-:mod:`app.platform.http.signing` and is re-exported here for the callers that import it from auth.
+1. **Headers, before any body byte is read**: all four present and well formed
+   (``missing_header``), the key known, the timestamp within ``settings.hmac_max_skew_ms`` of
+   the server clock either way (``stale_timestamp``), the signature 64 hex digits.
+2. **The body**, read with a size limit (413) and a time limit (408).
+3. **The signature** over method, path and query, timestamp, nonce and body hash (constant-time
+   compare). An unknown key gets exactly the answer of a wrong signature, so key ids cannot be
+   enumerated (the metric still tells them apart).
+4. **The scope**: the key must hold the route's scope (403 ``reason: scope``).
+5. **The nonce**, last, so forged or out-of-scope requests never burn one: claimed in the nonce
+   store (:mod:`app.platform.http.nonces`) shared by every replica (``replayed_nonce``).
+
+Every refusal is a :class:`RequestRefused` whose :meth:`~RequestRefused.response` is the JSON
+answer. The signing side lives in :mod:`app.platform.http.signing` (re-exported here).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel
 
-from app.platform.errors import AvccError
-from app.platform.http.responses import json_error
+from app.platform.credentials import ApiKey, Scope
+from app.platform.errors import AvccError, DependencyUnavailable
+from app.platform.http.nonces import LocalNonces, NonceStore, nonce_store
+from app.platform.http.responses import BadRequest, json_error, parse_body
 from app.platform.http.signing import (
     HEADER_KEY,
     HEADER_NONCE,
@@ -43,6 +53,7 @@ from app.platform.metrics import AUTH_FAILURES
 from app.platform.settings import Settings, get_settings
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
     "HEADER_KEY",
     "HEADER_NONCE",
     "HEADER_SIGNATURE",
@@ -50,32 +61,56 @@ __all__ = [
     "KEY_ID_ATTRIBUTE",
     "AuthFailureReason",
     "AuthenticationFailed",
+    "BodyTimeout",
+    "Credentials",
+    "Forbidden",
     "NonceCache",
     "PayloadTooLarge",
+    "RequestRefused",
+    "SignedRequest",
     "authenticate",
-    "authorize",
     "body_sha256",
     "canonical_request",
+    "check_headers",
+    "claim_nonce",
     "default_nonce_cache",
     "read_body",
     "require_hmac",
     "sign_request",
     "signature",
+    "signed_json",
     "verify_headers",
 ]
 
 #: ``request[KEY_ID_ATTRIBUTE]`` holds the authenticated key id inside a :func:`require_hmac` view.
 KEY_ID_ATTRIBUTE: Final = "avcc_key_id"
+#: Largest body of a signed request other than a playback batch (which has its own setting).
+DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
 
 _HEX: Final = frozenset("0123456789abcdef")
+_M = TypeVar("_M", bound=BaseModel)
+_BAD_SIGNATURE: Final = "signature does not match the request"
 
 
-class AuthenticationFailed(AvccError):
+class RequestRefused(AvccError):
+    """A request refused before the route did anything; :meth:`response` is the answer."""
+
+    status: int = 400
+    reason: str = "refused"
+
+    def response(self) -> web.Response:
+        """The JSON answer ``{"error": message, "reason": reason}``."""
+        return json_error(self.status, str(self), reason=self.reason)
+
+
+class AuthenticationFailed(RequestRefused):
     """A ``/v1/`` request was refused (401). ``reason`` says which check failed.
 
     The client must sign with a configured key, a fresh nonce and a current timestamp
     (see the module docstring for the canonical request).
     """
+
+    status = 401
 
     def __init__(self, reason: AuthFailureReason, message: str) -> None:
         super().__init__(message)
@@ -83,12 +118,32 @@ class AuthenticationFailed(AvccError):
         self.message = message
 
     def response(self) -> web.Response:
-        """The 401 JSON answer ``{"error": message, "reason": reason}``."""
+        """401; an unknown key is answered exactly like a wrong signature."""
+        if self.reason == "unknown_key":
+            return json_error(401, _BAD_SIGNATURE, reason="bad_signature")
         return json_error(401, self.message, reason=self.reason)
 
 
-class PayloadTooLarge(AvccError):
+class Forbidden(RequestRefused):
+    """The key is valid but lacks the route's scope (403). Ask for a key with that scope."""
+
+    status = 403
+    reason = "scope"
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__(f"this key may not use this route; it needs the scope {scope!r}")
+        self.required = scope
+
+    def response(self) -> web.Response:
+        """403 ``{"error", "reason": "scope", "required"}``."""
+        return json_error(403, str(self), reason=self.reason, required=self.required)
+
+
+class PayloadTooLarge(RequestRefused):
     """The request body exceeds the endpoint's limit (413). Split the batch and resend."""
+
+    status = 413
+    reason = "body_too_large"
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body larger than {limit} bytes")
@@ -96,36 +151,119 @@ class PayloadTooLarge(AvccError):
 
     def response(self) -> web.Response:
         """The 413 JSON answer."""
-        return json_error(413, str(self), reason="body_too_large", limit_bytes=self.limit)
+        return json_error(413, str(self), reason=self.reason, limit_bytes=self.limit)
 
 
-async def read_body(request: Any, max_bytes: int) -> bytes:
-    """The raw body of an aiohttp request, refusing (``PayloadTooLarge``) more than ``max_bytes``.
+class BodyTimeout(RequestRefused):
+    """The client did not send its body within ``AVCC_HTTP_BODY_TIMEOUT_S`` (408)."""
+
+    status = 408
+    reason = "body_timeout"
+
+
+class NonceStoreUnavailable(RequestRefused):
+    """The shared nonce store did not answer (503): the request may be signed again and resent."""
+
+    status = 503
+    reason = "unavailable"
+
+    def response(self) -> web.Response:
+        """503 with ``Retry-After``."""
+        return json_error(503, str(self), reason=self.reason, retry_after_s=1)
+
+
+async def read_body(request: Any, max_bytes: int, timeout_s: float | None = None) -> bytes:
+    """The raw body of an aiohttp request: ``PayloadTooLarge`` past ``max_bytes``, ``BodyTimeout``
+    past ``timeout_s``.
 
     Checks ``Content-Length`` first, then counts while streaming (chunked bodies), so a huge
-    body is never buffered. Reads the body once: pass the result on (e.g. to
-    :func:`authenticate`) instead of reading again.
+    body is never buffered. Reads the body once: pass the result on instead of reading again.
     """
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(max_bytes)
-    chunks: list[bytes] = []
-    size = 0
-    stream = request.content
-    while True:
-        chunk = await stream.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def stream() -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(max_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    if timeout_s is None:
+        return await stream()
+    try:
+        return await asyncio.wait_for(stream(), timeout_s)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not received within {timeout_s:g} s") from None
 
 
 def _fail(reason: AuthFailureReason, message: str) -> AuthenticationFailed:
     AUTH_FAILURES.labels(reason).inc()
     return AuthenticationFailed(reason, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """The checked signing headers of one request (its signature not yet compared)."""
+
+    key_id: str
+    key: ApiKey
+    timestamp_ms: int
+    timestamp_text: str
+    nonce: str
+    signature: str
+
+
+def check_headers(headers: Mapping[str, str], settings: Settings, now_ms: int | None = None) -> Credentials:
+    """Step 1: everything that needs no body; raise ``AuthenticationFailed``."""
+    values: dict[str, str] = {}
+    for name in (HEADER_KEY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE):
+        value = headers.get(name)
+        if not value:
+            raise _fail("missing_header", f"missing header {name}")
+        values[name] = value
+    key_id, ts_text, nonce, given = (
+        values[HEADER_KEY],
+        values[HEADER_TIMESTAMP],
+        values[HEADER_NONCE],
+        values[HEADER_SIGNATURE].lower(),
+    )
+    if not (ts_text.isascii() and ts_text.isdigit() and len(ts_text) <= 16):
+        raise _fail("missing_header", f"{HEADER_TIMESTAMP} must be unix milliseconds (decimal digits)")
+    nonce_ok = NONCE_MIN <= len(nonce) <= NONCE_MAX and nonce.isascii() and nonce.isprintable()
+    if not nonce_ok or " " in nonce:
+        raise _fail(
+            "missing_header", f"{HEADER_NONCE} must be {NONCE_MIN}-{NONCE_MAX} printable ASCII characters"
+        )
+    key = settings.api_keys().get(key_id)
+    if key is None:
+        raise _fail("unknown_key", _BAD_SIGNATURE)
+    now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+    timestamp = int(ts_text)
+    skew = settings.hmac_max_skew_ms
+    if abs(now - timestamp) > skew:
+        raise _fail("stale_timestamp", f"timestamp is more than {skew} ms away from the server clock")
+    if len(given) != 64 or not set(given) <= _HEX:
+        raise _fail("bad_signature", "signature must be 64 hex digits of HMAC-SHA256")
+    return Credentials(key_id, key, timestamp, ts_text, nonce, given)
+
+
+def _verify_signature(credentials: Credentials, method: str, path_qs: str, body: bytes) -> None:
+    secret = credentials.key.secret.get_secret_value()
+    expected = signature(secret, method, path_qs, credentials.timestamp_text, credentials.nonce, body)
+    if not hmac.compare_digest(expected, credentials.signature):
+        raise _fail("bad_signature", _BAD_SIGNATURE)
+
+
+def _refuse_replay(reason: AuthFailureReason | None) -> None:
+    if reason == "replayed_nonce":
+        raise _fail("replayed_nonce", "nonce already used")
+    if reason is not None:
+        raise _fail(reason, "request signed too long ago to be checked for replay; sign it again")
 
 
 def verify_headers(
@@ -139,130 +277,116 @@ def verify_headers(
     now_ms: int | None = None,
     check_nonce: bool = True,
 ) -> str:
-    """Framework-free core of :func:`authenticate`: the key id, or raise ``AuthenticationFailed``.
+    """Synchronous check of a request already read, with a process-local nonce cache; the key id.
 
-    ``check_nonce=False`` skips the replay check (only for a request a peer worker already
-    authenticated and forwarded: that worker recorded the nonce).
+    For callers outside a web worker (and the unit tests of each refusal); views use
+    :func:`authenticate`, whose nonces are shared by every replica.
     """
-    values: dict[str, str] = {}
-    for name in (HEADER_KEY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE):
-        value = headers.get(name)
-        if not value:
-            raise _fail("missing_header", f"missing header {name}")
-        values[name] = value
-    key_id, ts_text, nonce, given = (
-        values[HEADER_KEY],
-        values[HEADER_TIMESTAMP],
-        values[HEADER_NONCE],
-        values[HEADER_SIGNATURE],
-    )
-    if not (ts_text.isascii() and ts_text.isdigit() and len(ts_text) <= 16):
-        raise _fail("missing_header", f"{HEADER_TIMESTAMP} must be unix milliseconds (decimal digits)")
-    nonce_ok = NONCE_MIN <= len(nonce) <= NONCE_MAX and nonce.isascii() and nonce.isprintable()
-    if not nonce_ok or " " in nonce:
-        raise _fail(
-            "missing_header", f"{HEADER_NONCE} must be {NONCE_MIN}-{NONCE_MAX} printable ASCII characters"
-        )
-    secret = settings.effective_hmac_keys().get(key_id)
-    if secret is None:
-        raise _fail("unknown_key", "unknown API key")
     now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
-    timestamp = int(ts_text)
-    skew = settings.hmac_max_skew_ms
-    if abs(now - timestamp) > skew:
-        raise _fail("stale_timestamp", f"timestamp is more than {skew} ms away from the server clock")
-    expected = signature(secret, method, path_qs, ts_text, nonce, body)
-    given_lower = given.lower()
-    if len(given_lower) != len(expected) or not set(given_lower) <= _HEX:
-        raise _fail("bad_signature", "signature must be 64 hex digits of HMAC-SHA256")
-    if not hmac.compare_digest(expected, given_lower):
-        raise _fail("bad_signature", "signature does not match the request")
-    if not check_nonce:
-        return key_id
-    cache = nonces if nonces is not None else default_nonce_cache(settings)
-    refused = cache.check_and_add(key_id, nonce, timestamp, now)
-    if refused == "replayed_nonce":
-        raise _fail("replayed_nonce", "nonce already used")
-    if refused is not None:
-        raise _fail(refused, "request signed too long ago to be checked for replay; sign it again")
-    return key_id
+    credentials = check_headers(headers, settings, now)
+    _verify_signature(credentials, method, path_qs, body)
+    if check_nonce:
+        cache = nonces if nonces is not None else default_nonce_cache(settings)
+        _refuse_replay(
+            cache.check_and_add(credentials.key_id, credentials.nonce, credentials.timestamp_ms, now)
+        )
+    return credentials.key_id
+
+
+@dataclass(frozen=True, slots=True)
+class SignedRequest:
+    """An authenticated request: its key, its body, and its credentials (for the nonce claim)."""
+
+    credentials: Credentials
+    body: bytes
+
+    @property
+    def key_id(self) -> str:
+        """The API key that signed the request."""
+        return self.credentials.key_id
+
+
+def _store(settings: Settings, nonces: NonceStore | NonceCache | None) -> NonceStore:
+    if isinstance(nonces, NonceCache):
+        return LocalNonces(nonces)
+    return nonces if nonces is not None else nonce_store(settings)
+
+
+async def claim_nonce(
+    signed: SignedRequest, settings: Settings, nonces: NonceStore | NonceCache | None = None
+) -> None:
+    """Step 5 on its own, for routes that first find the worker that must answer."""
+    credentials = signed.credentials
+    try:
+        reason = await _store(settings, nonces).claim(
+            credentials.key_id, credentials.nonce, credentials.timestamp_ms, time.time_ns() // 1_000_000
+        )
+    except DependencyUnavailable as exc:
+        raise NonceStoreUnavailable(str(exc)) from None
+    _refuse_replay(reason)
 
 
 async def authenticate(
     request: Any,
     settings: Settings,
     *,
+    scope: Scope,
     body: bytes | None = None,
-    nonces: NonceCache | None = None,
-) -> str:
-    """Verify the HMAC headers of an aiohttp/faust request; return the key id.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    nonces: NonceStore | NonceCache | None = None,
+    check_nonce: bool = True,
+) -> SignedRequest:
+    """Steps 1-5 of the module doc for an aiohttp/faust request; raise :class:`RequestRefused`.
 
-    ``body`` is the raw body when the caller already read it (e.g. with :func:`read_body`);
-    otherwise it is read here (aiohttp's own limit, 1 MiB, applies). Raises
-    ``AuthenticationFailed`` (answer it with ``exc.response()``).
+    ``check_nonce=False`` leaves step 5 to :func:`claim_nonce` (a route that may forward the
+    request to the worker owning its record claims the nonce where it is answered). The key id
+    is also stored in ``request[KEY_ID_ATTRIBUTE]``.
     """
-    raw = body if body is not None else await request.read()
-    return verify_headers(
-        str(request.method), str(request.path_qs), request.headers, raw, settings, nonces=nonces
-    )
+    credentials = check_headers(request.headers, settings)
+    raw = body if body is not None else await read_body(request, max_body_bytes, settings.http_body_timeout_s)
+    _verify_signature(credentials, str(request.method), str(request.path_qs), raw)
+    if not credentials.key.allows(scope):
+        raise Forbidden(scope)
+    signed = SignedRequest(credentials, raw)
+    if check_nonce:
+        await claim_nonce(signed, settings, nonces)
+    request[KEY_ID_ATTRIBUTE] = credentials.key_id
+    return signed
 
 
-async def authorize(
-    request: Any,
-    body: bytes,
-    settings: Settings,
-    *,
-    forwarded: bool = False,
-    nonces: NonceCache | None = None,
-) -> web.Response | None:
-    """``None`` when the request is authentic, else the 401 answer to return as is.
-
-    The one-liner for views that read the body themselves::
-
-        denied = await authorize(request, body, settings)
-        if denied is not None:
-            return denied
-
-    ``forwarded`` (a request relayed by the peer worker that owns a partition, already
-    authenticated there) skips the nonce check; the signature and timestamp are still verified.
-    The answer is counted like every other by the worker's request-counting middleware.
-    """
+async def signed_json(
+    request: Any, settings: Settings, model: type[_M], *, scope: Scope
+) -> tuple[SignedRequest, _M] | web.Response:
+    """Authenticate a request with a JSON object body and validate it against ``model``; the
+    refusal (401, 403, 408, 413) or the 400 naming the fields instead."""
     try:
-        request[KEY_ID_ATTRIBUTE] = verify_headers(
-            str(request.method),
-            str(request.path_qs),
-            request.headers,
-            body,
-            settings,
-            nonces=nonces,
-            check_nonce=not forwarded,
-        )
-    except AuthenticationFailed as exc:
+        signed = await authenticate(request, settings, scope=scope)
+        return signed, parse_body(model, signed.body)
+    except RequestRefused as exc:
         return exc.response()
-    return None
+    except BadRequest as exc:
+        return json_error(400, str(exc), fields=list(exc.fields))
 
 
 _Handler = Callable[..., Awaitable[Any]]
 
 
-def require_hmac(handler: _Handler) -> _Handler:
-    """Decorate a faust ``View`` method (``async def post(self, request)``) with HMAC auth.
+def require_hmac(scope: Scope) -> Callable[[_Handler], _Handler]:
+    """Decorate a faust ``View`` method (``async def get(self, request)``) with HMAC auth.
 
-    Refused requests get the 401 JSON answer (a body above aiohttp's 1 MiB limit: 413). Inside
-    the handler ``request[KEY_ID_ATTRIBUTE]`` is the key id and ``await request.read()`` returns
-    the (cached) body. Views with bigger bodies call :func:`read_body` and :func:`authenticate`
-    themselves.
+    Refused requests get their JSON answer; inside the handler ``request[KEY_ID_ATTRIBUTE]`` is
+    the key id. Bodies are limited to :data:`DEFAULT_MAX_BODY_BYTES`.
     """
 
-    @functools.wraps(handler)
-    async def wrapper(view: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            key_id = await authenticate(request, get_settings())
-        except AuthenticationFailed as exc:
-            return exc.response()
-        except web.HTTPRequestEntityTooLarge as exc:
-            return json_error(413, f"request body too large: {exc.text}", reason="body_too_large")
-        request[KEY_ID_ATTRIBUTE] = key_id
-        return await handler(view, request, *args, **kwargs)
+    def decorate(handler: _Handler) -> _Handler:
+        @functools.wraps(handler)
+        async def wrapper(view: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                await authenticate(request, get_settings(), scope=scope)
+            except RequestRefused as exc:
+                return exc.response()
+            return await handler(view, request, *args, **kwargs)
 
-    return wrapper
+        return wrapper
+
+    return decorate

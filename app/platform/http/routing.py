@@ -1,8 +1,11 @@
 """Routing of requests about one table key to the worker that owns its partition.
 
 A record's state lives on the worker owning its table partition; any worker accepts the
-request, authenticates it, and forwards it (signed with :func:`forward_token`) to the owner,
-which answers. :func:`record_request` is the common prologue of ``/v1/.../{avcc_record_id}``.
+request, checks its signature and scope, and forwards it (marked with :func:`forward_token`, so
+the owner answers instead of forwarding again) to the owner. The owner checks the request again
+and claims its nonce: a request is claimed only where it is answered, so the same request sent
+to two replicas meets its first claim in the shared nonce store whichever replica owns it.
+:func:`record_request` and :func:`answer_at_owner` are the prologue of ``/v1/.../{avcc_record_id}``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from app.platform.http.auth import HEADER_SIGNATURE, authorize
+from app.platform.credentials import Scope
+from app.platform.http.auth import HEADER_SIGNATURE, RequestRefused, SignedRequest, authenticate, claim_nonce
 from app.platform.http.responses import json_error
 from app.platform.kafka.partitioner import partition_for, record_key
 from app.platform.settings import Settings
@@ -85,49 +89,55 @@ def is_local(app: Any, url: str) -> bool:
 
 
 async def answer_at_owner(
-    app: Any,
-    table: Any,
-    key: bytes,
-    request: web.Request,
-    body: bytes,
-    settings: Settings,
-    *,
-    forwarded: bool,
+    app: Any, table: Any, signed: RecordRequest, request: web.Request, settings: Settings
 ) -> web.Response | None:
-    """The owner's answer when another worker owns ``key``'s partition of ``table``; ``None``
-    when this worker owns it (or the request was already forwarded here) and must answer."""
-    if forwarded:
-        return None
-    owner = owner_url(app, table, key)
-    if owner is None:
-        return json_error(503, "partition owner unknown (rebalancing); retry")
-    if is_local(app, owner):
-        return None
-    return await forward_to(owner, request, body, settings)
+    """The answer to send: the owner's when another worker owns the record's partition of
+    ``table``, a refusal when the nonce was used; ``None`` when this worker must answer (the
+    nonce is then claimed)."""
+    if not signed.forwarded:
+        owner = owner_url(app, table, signed.key)
+        if owner is None:
+            return json_error(503, "partition owner unknown (rebalancing); retry", retry_after_s=1)
+        if not is_local(app, owner):
+            return await forward_to(owner, request, signed.body, settings)
+    try:
+        await claim_nonce(signed.signed, settings)
+    except RequestRefused as exc:
+        return exc.response()
+    return None
 
 
 @dataclass(frozen=True, slots=True)
 class RecordRequest:
-    """A signed request about one record: its body, record id and key, and whether a peer
-    worker forwarded it."""
+    """A signed request about one record: the request, its record id and key, and whether a
+    peer worker forwarded it."""
 
-    body: bytes
+    signed: SignedRequest
     record_id: int
     key: bytes
     forwarded: bool
 
+    @property
+    def body(self) -> bytes:
+        """The raw body."""
+        return self.signed.body
+
+
+#: Record ids are positive decimal integers of at most 19 digits (they fit a signed 64-bit int).
+_MAX_RECORD_ID_DIGITS = 19
+
 
 async def record_request(
-    request: web.Request, avcc_record_id: str, settings: Settings
+    request: web.Request, avcc_record_id: str, settings: Settings, *, scope: Scope
 ) -> RecordRequest | web.Response:
-    """Authenticate a ``/v1/.../{avcc_record_id}`` request and parse its id; the error answer
-    (401, 400) instead when it is refused."""
-    body = await request.read()
-    forwarded = is_forwarded(request, settings)
-    denied = await authorize(request, body, settings, forwarded=forwarded)
-    if denied is not None:
-        return denied
-    if not avcc_record_id.isdigit():
-        return json_error(400, "avcc_record_id: must be a decimal integer")
-    record_id = int(avcc_record_id)
-    return RecordRequest(body, record_id, record_key(record_id), forwarded)
+    """Authenticate a ``/v1/.../{avcc_record_id}`` request (signature and scope; the nonce is
+    claimed by :func:`answer_at_owner`) and parse its id; the refusal (401, 403, 400) otherwise."""
+    try:
+        signed = await authenticate(request, settings, scope=scope, check_nonce=False)
+    except RequestRefused as exc:
+        return exc.response()
+    digits = avcc_record_id
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= _MAX_RECORD_ID_DIGITS):
+        return json_error(400, "avcc_record_id: must be a decimal integer", fields=["avcc_record_id"])
+    record_id = int(digits)
+    return RecordRequest(signed, record_id, record_key(record_id), is_forwarded(request, settings))

@@ -63,8 +63,9 @@ AuthFailureReason = Literal[
 
 NONCE_MIN: Final = 8
 NONCE_MAX: Final = 128
-#: Default bound of the per-process nonce cache (about 100 bytes per entry).
-DEFAULT_NONCE_CAPACITY: Final = 500_000
+#: Default bound of live nonces per key (about 100 bytes per entry): 200 signed requests a
+#: second for the whole 10-minute window.
+DEFAULT_NONCE_CAPACITY: Final = 120_000
 
 
 # --- signing ----------------------------------------------------------------------------------
@@ -114,13 +115,15 @@ def sign_request(
 
 
 class NonceCache:
-    """Per-process set of recently used ``(key, nonce)`` pairs, bounded in size and time.
+    """Recently used nonces of each key, bounded in size and time, one key never crowding another.
 
     An entry lives ``ttl_ms`` (twice the skew window: a request is only accepted within
     ``+/- skew`` of the server clock, so after ``2 * skew`` its replay fails the timestamp check
-    anyway). When the cache is full of live entries the oldest is evicted and its request
-    timestamp becomes a *floor*: any later request signed at or before the floor is refused as
-    stale, so an eviction can never re-open a replay. Thread-safe.
+    anyway). Each key holds at most ``capacity`` live entries; when a key's entries are full its
+    oldest is evicted and that request's timestamp becomes the key's *floor*: any later request
+    of the same key signed at or before the floor is refused as stale, so an eviction never
+    re-opens a replay, and a key that floods the cache (e.g. with timestamps in the future)
+    only ever refuses its own requests. Thread-safe.
     """
 
     def __init__(self, ttl_ms: int, capacity: int = DEFAULT_NONCE_CAPACITY) -> None:
@@ -128,40 +131,52 @@ class NonceCache:
             raise ValueError("capacity must be >= 1")
         self.ttl_ms = ttl_ms
         self.capacity = capacity
-        #: (key, nonce) -> (expiry ms, request timestamp ms), in insertion order.
-        self._entries: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        #: key -> nonce -> (expiry ms, request timestamp ms), each in insertion order.
+        self._entries: dict[str, OrderedDict[str, tuple[int, int]]] = {}
+        self._floors: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.floor_ms = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(entries) for entries in self._entries.values())
 
-    def _purge(self, now_ms: int) -> None:
-        entries = self._entries
+    def floor_ms(self, key: str) -> int:
+        """Requests of ``key`` signed at or before this time are refused (0: none)."""
+        return self._floors.get(key, 0)
+
+    def contains(self, key: str, nonce: str, now_ms: int) -> bool:
+        """Whether ``nonce`` of ``key`` is recorded and still live."""
+        with self._lock:
+            entries = self._entries.get(key)
+            entry = entries.get(nonce) if entries is not None else None
+            return entry is not None and entry[0] > now_ms
+
+    def _purge(self, entries: OrderedDict[str, tuple[int, int]], now_ms: int) -> None:
         while entries:
             first = next(iter(entries))
-            expiry, _ = entries[first]
-            if expiry > now_ms:
+            if entries[first][0] > now_ms:
                 break
             del entries[first]
 
     def check_and_add(self, key: str, nonce: str, timestamp_ms: int, now_ms: int) -> AuthFailureReason | None:
-        """Record the pair; return the refusal reason if it was seen (or is below the floor)."""
+        """Record the pair; return the refusal reason if it was seen (or is below the key's floor)."""
         with self._lock:
-            self._purge(now_ms)
-            if timestamp_ms <= self.floor_ms:
+            entries = self._entries.setdefault(key, OrderedDict())
+            self._purge(entries, now_ms)
+            if timestamp_ms <= self._floors.get(key, 0):
                 return "stale_timestamp"
-            pair = (key, nonce)
-            if pair in self._entries:
+            if nonce in entries:
                 return "replayed_nonce"
-            while len(self._entries) >= self.capacity:
-                _, (_, evicted_ts) = self._entries.popitem(last=False)
-                if evicted_ts > self.floor_ms:
-                    self.floor_ms = evicted_ts
+            while len(entries) >= self.capacity:
+                _, (_, evicted_ts) = entries.popitem(last=False)
+                if evicted_ts > self._floors.get(key, 0):
+                    self._floors[key] = evicted_ts
                     log.warning(
-                        "nonce cache full (%d): refusing requests signed before %d", self.capacity, evicted_ts
+                        "nonce cache of key %r full (%d): refusing its requests signed before %d",
+                        key,
+                        self.capacity,
+                        evicted_ts,
                     )
-            self._entries[pair] = (now_ms + self.ttl_ms, timestamp_ms)
+            entries[nonce] = (now_ms + self.ttl_ms, timestamp_ms)
             return None
 
 

@@ -33,6 +33,7 @@ from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import PartitionOffsets
 from app.ops.watchdog import StallWatchdog, exit_stalled
 from app.platform.faust.app import consumer_group_id
+from app.platform.http.nonces import NonceLedger, nonce_store
 from app.platform.metrics import CONSUMER_LAG, LAG_MONITOR_ERRORS, REGISTRY
 from app.platform.settings import Settings, get_settings
 
@@ -75,6 +76,8 @@ class WorkerState:
     #: The group's own readiness condition, checked once the App has started.
     ready_check: ReadyCheck | None = field(default=None, repr=False)
     exporter: WorkerLagExporter | None = field(default=None, repr=False)
+    #: The shared nonce store of a group that serves signed routes (``None``: none, or local).
+    nonces: NonceLedger | None = field(default=None, repr=False)
 
 
 def _uses_consumer(app: faust.App) -> bool:
@@ -130,6 +133,8 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
         ok, reason = state.ready_check()
         if not ok:
             return False, {**body, "status": "not_ready", "reason": reason}
+    if state.nonces is not None and not state.nonces.ready:
+        return False, {**body, "status": "not_ready", "reason": "reading the nonces of the skew window"}
     ready: dict[str, Any] = {**body, "status": "ready", "consumer": bool(consumer)}
     if partitions is not None:
         ready["partitions"] = partitions
@@ -251,10 +256,26 @@ def _exporter_service(
     return WorkerLagExportService
 
 
+def _nonce_service(ledger: NonceLedger) -> type[Any]:
+    """A mode Service class that starts the shared nonce ledger with the worker and stops it."""
+
+    class NonceLedgerService(Service):
+        """Reads ``topic.system.nonces`` for the signed routes of this worker."""
+
+        async def on_start(self) -> None:
+            await asyncio.to_thread(ledger.start)
+
+        async def on_stop(self) -> None:
+            await asyncio.to_thread(ledger.stop)
+
+    return NonceLedgerService
+
+
 def install_common_views(
     app: faust.App,
     group: str,
     *,
+    signed_routes: bool = False,
     export_lag: bool = True,
     lag_config: LagSettings | None = None,
     assignment: AssignmentSource | None = None,
@@ -262,6 +283,8 @@ def install_common_views(
 ) -> WorkerState:
     """Add ``/metrics``, ``/health``, ``/ready`` and the per-worker lag export to ``app``.
 
+    ``signed_routes`` for a group serving ``/v1/`` routes: its worker reads the shared nonce
+    store (``AVCC_NONCE_STORE=kafka``) from the start and is ready once it has caught up.
     ``export_lag=False`` for the ops App, whose lag monitor exports every group's lag itself.
     A group that consumes with its own client instead of faust agents (sink, anomaly, retry)
     passes ``assignment`` (its consumer's ``(topic, partition)`` pairs) so ``/ready`` and the lag
@@ -273,6 +296,11 @@ def install_common_views(
         return existing
     state = WorkerState(group=group, assignment=assignment, ready_check=ready_check)
     setattr(app, _INSTALLED_ATTR, state)
+    if signed_routes:
+        store = nonce_store(get_settings())
+        if isinstance(store, NonceLedger):
+            state.nonces = store
+            app.service(_nonce_service(store))
 
     @app.on_worker_init.connect
     def _decide_consumer(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

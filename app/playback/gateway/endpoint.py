@@ -11,13 +11,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.platform.http.auth import (
-    AuthenticationFailed,
-    NonceCache,
-    PayloadTooLarge,
-    authenticate,
-    read_body,
-)
+from app.platform.http.auth import NonceCache, RequestRefused, authenticate
+from app.platform.http.nonces import NonceStore
 from app.platform.http.responses import json_error, json_response
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import INGEST_ITEMS
@@ -50,7 +45,7 @@ class PlaybackIngest:
         *,
         producer: EventProducer | None = None,
         topic: str | None = None,
-        nonces: NonceCache | None = None,
+        nonces: NonceStore | NonceCache | None = None,
     ) -> None:
         self.settings = settings
         self.limits = limits if limits is not None else GatewaySettings()
@@ -75,26 +70,21 @@ class PlaybackIngest:
         """Answer one ``POST`` (counted in ``avcc_http_requests_total`` by the worker's middleware)."""
         limits = self.limits
         try:
-            body = await read_body(request, limits.max_body_bytes)
-        except PayloadTooLarge as exc:
-            return exc.response()
-        try:
-            await authenticate(request, self.settings, body=body, nonces=self.nonces)
-        except AuthenticationFailed as exc:
+            signed = await authenticate(
+                request,
+                self.settings,
+                scope="playback:write",
+                max_body_bytes=limits.max_body_bytes,
+                nonces=self.nonces,
+            )
+        except RequestRefused as exc:
             return exc.response()
         try:
             # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
             content_type = request.content_type if "Content-Type" in request.headers else ""
-            items, errors = parse_items(body, content_type)
+            items, errors = parse_items(signed.body, content_type, limits.max_items)
         except BatchError as exc:
-            return json_error(exc.status, str(exc), reason=exc.reason)
-        if len(items) > limits.max_items:
-            return json_error(
-                413,
-                f"batch has {len(items)} items; the limit is {limits.max_items}",
-                reason="too_many_items",
-                limit_items=limits.max_items,
-            )
+            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
         producer = self.producer
         if producer.queue_length() + len(items) > limits.max_queue:
             INGEST_ITEMS.labels("throttled").inc(len(items))

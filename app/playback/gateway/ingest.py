@@ -16,6 +16,7 @@ a retried item still lands on the partition of its first copy.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -87,6 +88,17 @@ class BatchError(Exception):
         super().__init__(message)
         self.status = status
         self.reason = reason
+        #: More fields of the JSON answer.
+        self.details: dict[str, Any] = {}
+
+
+class TooManyItems(BatchError):
+    """More items than ``AVCC_GATEWAY_MAX_ITEMS`` (413): split the batch."""
+
+    def __init__(self, count: int | None, limit: int) -> None:
+        counted = f"{count} items" if count is not None else f"more than {limit} items"
+        super().__init__(413, "too_many_items", f"batch has {counted}; the limit is {limit}")
+        self.details = {"limit_items": limit}
 
 
 def playback_producer(settings: Settings) -> EventProducer:
@@ -146,36 +158,97 @@ def envelope_bytes(event: PlaybackEvent, event_id: str, timestamp_ms: int) -> by
     )
 
 
-def parse_items(body: bytes, content_type: str) -> tuple[list[Any], dict[int, str]]:
+def parse_items(
+    body: bytes, content_type: str, max_items: int = 1_000_000
+) -> tuple[list[Any], dict[int, str]]:
     """The batch items and the per-index errors of NDJSON lines that are not JSON.
 
-    Raises :class:`BatchError` for an unsupported content type, a body that is not a JSON array
-    (JSON) and an empty batch.
+    The item cap is enforced while reading, before the items past it are parsed, so a body of
+    millions of tiny or broken items costs no more than ``max_items`` of them. Raises
+    :class:`BatchError` for an unsupported content type, a body that is not a JSON array (JSON),
+    an empty batch and :class:`TooManyItems`.
     """
-    errors: dict[int, str] = {}
     if content_type == NDJSON:
-        items: list[Any] = []
-        for line in body.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                items.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                errors[len(items)] = f"<root>: malformed JSON ({' '.join(str(exc).split())})"
-                items.append(None)
+        items, errors = _ndjson_items(body, max_items)
     elif content_type in {"application/json", ""}:
-        try:
-            decoded = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BatchError(400, "malformed_json", f"body: malformed JSON ({exc})") from exc
-        if not isinstance(decoded, list):
-            raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
-        items = decoded
+        items, errors = _array_items(body, max_items), {}
     else:
         raise BatchError(415, "unsupported_media_type", f"Content-Type must be application/json or {NDJSON}")
     if not items:
         raise BatchError(400, "empty_batch", "body: the batch has no items")
     return items, errors
+
+
+def _ndjson_items(body: bytes, max_items: int) -> tuple[list[Any], dict[int, str]]:
+    lines = [line for line in body.split(b"\n") if line.strip()]
+    if len(lines) > max_items:
+        raise TooManyItems(len(lines), max_items)
+    items: list[Any] = []
+    errors: dict[int, str] = {}
+    for index, line in enumerate(lines):
+        try:
+            items.append(orjson.loads(line))
+        except orjson.JSONDecodeError as exc:
+            errors[index] = f"<root>: malformed JSON ({' '.join(str(exc).split())})"
+            items.append(None)
+    return items, errors
+
+
+def _malformed(detail: object) -> BatchError:
+    return BatchError(400, "malformed_json", f"body: malformed JSON ({detail})")
+
+
+def _array_items(body: bytes, max_items: int) -> list[Any]:
+    """The items of a JSON array body, at most ``max_items`` of them parsed.
+
+    A body with fewer commas than the cap cannot hold more top-level items: it is parsed at
+    once (orjson). Otherwise the array is decoded one item at a time and refused as soon as the
+    cap is passed.
+    """
+    if body.count(b",") < max_items:
+        try:
+            decoded = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise _malformed(exc) from exc
+        if not isinstance(decoded, list):
+            raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
+        return decoded
+    try:
+        text = body.decode()
+    except UnicodeDecodeError as exc:
+        raise _malformed(exc) from exc
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+    position = _skip_space(text, 0)
+    if not text.startswith("[", position):
+        raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
+    position = _skip_space(text, position + 1)
+    items: list[Any] = []
+    try:
+        while not text.startswith("]", position):
+            if items:
+                if not text.startswith(",", position):
+                    raise _malformed(f"expected ',' or ']' at character {position}")
+                position = _skip_space(text, position + 1)
+            item, position = decoder.raw_decode(text, position)
+            items.append(item)
+            if len(items) > max_items:
+                raise TooManyItems(None, max_items)
+            position = _skip_space(text, position)
+    except json.JSONDecodeError as exc:
+        raise _malformed(exc) from exc
+    if _skip_space(text, position + 1) != len(text):
+        raise _malformed(f"data after the array at character {position + 1}")
+    return items
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
+
+
+def _refuse_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
 @dataclass(slots=True)

@@ -19,10 +19,12 @@ from app.platform.http.auth import (
     HEADER_TIMESTAMP,
     KEY_ID_ATTRIBUTE,
     AuthenticationFailed,
+    BodyTimeout,
+    Forbidden,
     NonceCache,
     PayloadTooLarge,
+    RequestRefused,
     authenticate,
-    authorize,
     read_body,
     require_hmac,
     sign_request,
@@ -201,23 +203,129 @@ async def test_authenticate_reads_request_and_headers_are_case_insensitive(
     settings: Settings, nonces: NonceCache
 ) -> None:
     headers = {k.lower(): v for k, v in sign_request("POST", PATH, BODY, "partner-a", SECRET).items()}
-    assert await authenticate(FakeRequest(headers, BODY), settings, nonces=nonces) == "partner-a"
+    signed = await authenticate(FakeRequest(headers, BODY), settings, scope="playback:write", nonces=nonces)
+    assert signed.key_id == "partner-a"
 
 
-async def test_authorize_returns_401_json(settings: Settings, nonces: NonceCache) -> None:
+async def test_authenticate_refusal_is_401_json_and_the_owner_claims_the_nonce(
+    settings: Settings, nonces: NonceCache
+) -> None:
     headers = sign_request("POST", PATH, BODY, "partner-a", SECRET)
     request = FakeRequest(headers, BODY)
-    assert await authorize(request, BODY, settings, nonces=nonces) is None
+    signed = await authenticate(request, settings, scope="playback:write", nonces=nonces)
+    assert signed.key_id == "partner-a" and signed.body == BODY
     assert request[KEY_ID_ATTRIBUTE] == "partner-a"
-    denied = await authorize(FakeRequest(headers, BODY), BODY, settings, nonces=nonces)
-    assert isinstance(denied, web.Response) and denied.status == 401
-    assert denied.body is not None
+    with pytest.raises(RequestRefused) as info:
+        await authenticate(FakeRequest(headers, BODY), settings, scope="playback:write", nonces=nonces)
+    denied = info.value.response()
+    assert denied.status == 401 and denied.body is not None
     assert orjson.loads(cast(bytes, denied.body)) == {
         "error": "nonce already used",
         "reason": "replayed_nonce",
     }
-    # a request forwarded by the owning peer is not a replay
-    assert await authorize(FakeRequest(headers, BODY), BODY, settings, forwarded=True, nonces=nonces) is None
+    # a worker that forwards to the record's owner checks signature and scope only
+    fresh = sign_request("POST", PATH, b"", "partner-a", SECRET)
+    checked = await authenticate(
+        FakeRequest(fresh, b""), settings, scope="records:read", nonces=nonces, check_nonce=False
+    )
+    assert not nonces.contains("partner-a", fresh[HEADER_NONCE], now_ms())
+    assert checked.key_id == "partner-a"
+
+
+SCOPED = Settings(
+    hmac_keys={"partner-a": {"secret": "s3cret-partner-a-000", "scopes": ["playback:write", "playback:read"]}}
+)
+
+
+async def test_a_key_uses_only_its_scopes() -> None:
+    cache = NonceCache(ttl_ms=120_000)
+    ok = sign_request("POST", PATH, BODY, "partner-a", "s3cret-partner-a-000")
+    await authenticate(FakeRequest(ok, BODY), SCOPED, scope="playback:write", nonces=cache)
+    decision = sign_request("POST", PATH, BODY, "partner-a", "s3cret-partner-a-000")
+    with pytest.raises(Forbidden) as info:
+        await authenticate(FakeRequest(decision, BODY), SCOPED, scope="review:decide", nonces=cache)
+    answer = info.value.response()
+    assert answer.status == 403
+    assert orjson.loads(cast(bytes, answer.body)) == {
+        "error": "this key may not use this route; it needs the scope 'review:decide'",
+        "reason": "scope",
+        "required": "review:decide",
+    }
+    # an out-of-scope request does not burn its nonce
+    assert not cache.contains("partner-a", decision[HEADER_NONCE], now_ms())
+
+
+def test_a_bare_secret_keeps_every_scope() -> None:
+    (key,) = Settings(hmac_keys={"partner-a": SECRET}).api_keys().values()
+    assert all(key.allows(scope) for scope in ("apply", "records:read", "review:decide", "settlement"))
+    assert Settings(dev_mode=True).api_keys()["dev"].allows("review:decide")
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"partner-a": ""},
+        {"partner-a": "   "},
+        {"partner-a": "CHANGE-ME"},
+        {"partner-a": {"secret": "change-me-please", "scopes": ["apply"]}},
+        {"partner-a": {"secret": "s3cret-partner-a-000", "scopes": []}},
+        {"partner-a": {"secret": "s3cret-partner-a-000", "scopes": ["root"]}},
+    ],
+)
+def test_weak_secrets_and_bad_scopes_are_refused_at_start(keys: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Settings(hmac_keys=keys)
+
+
+def test_placeholder_operator_password_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Settings(operator_users={"ops": "CHANGE-ME"})
+
+
+def test_unknown_key_is_answered_like_a_bad_signature(settings: Settings, nonces: NonceCache) -> None:
+    with pytest.raises(AuthenticationFailed) as unknown:
+        check(settings, nonces, sign_request("POST", PATH, BODY, "partner-b", SECRET))
+    with pytest.raises(AuthenticationFailed) as wrong:
+        check(settings, nonces, sign_request("POST", PATH, BODY, "partner-a", "wrong-secret"))
+    assert unknown.value.reason == "unknown_key"  # the metric still tells them apart
+    assert unknown.value.response().body == wrong.value.response().body
+
+
+class StalledStream:
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def readany(self) -> bytes:
+        import asyncio
+
+        self.reads += 1
+        await asyncio.sleep(3600)
+        return b""
+
+
+async def test_headers_are_checked_before_any_body_byte_is_read(settings: Settings) -> None:
+    request = FakeRequest({"X-AVCC-Key": "partner-a"}, BODY, declared=False)
+    request.content = StalledStream()  # type: ignore[assignment]
+    with pytest.raises(AuthenticationFailed):
+        await authenticate(request, settings, scope="playback:write")
+    assert request.content.reads == 0
+
+
+async def test_a_body_that_never_arrives_times_out() -> None:
+    request = FakeRequest({}, BODY, declared=False)
+    request.content = StalledStream()  # type: ignore[assignment]
+    with pytest.raises(BodyTimeout) as info:
+        await read_body(request, 1000, timeout_s=0.05)
+    assert info.value.response().status == 408
+
+
+def test_one_key_filling_the_nonce_cache_never_refuses_another() -> None:
+    cache = NonceCache(ttl_ms=600_000, capacity=3)
+    now = 1_000_000
+    for i in range(10):  # key a floods, with timestamps in the future
+        cache.check_and_add("a", f"nonce-{i:04}", now + 300_000, now)
+    assert cache.check_and_add("b", "nonce-b-01", now, now) is None
+    assert cache.floor_ms("b") == 0 and cache.floor_ms("a") == now + 300_000
 
 
 async def test_read_body_limits() -> None:
@@ -248,7 +356,7 @@ async def test_require_hmac_decorates_view_methods(
     seen: list[str] = []
 
     class View:
-        @require_hmac
+        @require_hmac("playback:write")
         async def post(self, request: Any) -> web.Response:
             seen.append(request[KEY_ID_ATTRIBUTE])
             return web.Response(status=204)

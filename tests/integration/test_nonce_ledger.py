@@ -1,0 +1,113 @@
+"""Replay protection across replicas: the shared nonce store on a real broker, and the same signed
+request sent to two replicas of the code group."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from app.platform.http.auth import sign_request
+from app.platform.http.nonces import NonceLedger
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings
+from app.platform.topics import NONCES
+from tests.integration.conftest import BrokerHandle
+from tests.integration.stack import API_KEY, API_SECRET, Stack, application
+
+pytestmark = pytest.mark.integration
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def _ready(*ledgers: NonceLedger, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for ledger in ledgers:
+        ledger.start()
+        while not ledger.ready:
+            assert time.monotonic() < deadline, "nonce ledger never caught up"
+            await asyncio.sleep(0.05)
+
+
+async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
+    broker: BrokerHandle, unique: str
+) -> None:
+    settings = Settings(kafka_url=f"kafka://{broker.bootstrap}", nonce_store="kafka")
+    topic = dataclasses.replace(NONCES, name=f"{NONCES.name}.{unique}")
+    apply_plan(settings, [topic])
+    first = NonceLedger(settings, topic=topic.name, client_id=f"replica-a-{unique}")
+    second = NonceLedger(settings, topic=topic.name, client_id=f"replica-b-{unique}")
+    late: NonceLedger | None = None
+    try:
+        await _ready(first, second)
+        now = now_ms()
+        pairs = [(f"partner-{i % 3}", f"nonce-{uuid.uuid4().hex}") for i in range(150)]
+        verdicts = await asyncio.gather(
+            *(ledger.claim(key, nonce, now, now) for key, nonce in pairs for ledger in (first, second))
+        )
+        for i in range(len(pairs)):
+            pair = sorted(verdicts[2 * i : 2 * i + 2], key=str)
+            assert pair == [None, "replayed_nonce"], (pairs[i], pair)
+
+        # a replica started later reads the window back: no earlier nonce is new to it
+        late = NonceLedger(settings, topic=topic.name, client_id=f"replica-c-{unique}")
+        await _ready(late)
+        again = await asyncio.gather(*(late.claim(key, nonce, now, now_ms()) for key, nonce in pairs[:20]))
+        assert again == ["replayed_nonce"] * 20
+
+        latencies = []
+        for _ in range(50):
+            start = time.perf_counter()
+            assert await first.claim("partner-0", f"nonce-{uuid.uuid4().hex}", now_ms(), now_ms()) is None
+            latencies.append((time.perf_counter() - start) * 1000)
+        latencies.sort()
+        print(
+            f"\nnonce claim on {broker.name}: p50 {statistics.median(latencies):.1f} ms, "
+            f"p99 {latencies[int(len(latencies) * 0.99) - 1]:.1f} ms"
+        )
+    finally:
+        for ledger in (first, second, late):
+            if ledger is not None:
+                ledger.stop()
+
+
+@pytest.fixture
+def two_code_replicas(stack_broker: Any, tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack(stack_broker.bootstrap, tmp_path)
+    try:
+        stack.start("code", index=0)
+        stack.start("code", index=1)
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+async def test_the_same_signed_request_is_refused_by_the_second_replica(two_code_replicas: Stack) -> None:
+    stack = two_code_replicas
+    assert stack.url("code", 0) != stack.url("code", 1)
+    path = "/v1/avcc/applications"
+    body = orjson.dumps(application())
+    captured = sign_request("POST", path, body, API_KEY, API_SECRET)
+    status, created = await stack.call("code", "POST", path, raw=body, headers=captured, index=0)
+    assert status == 202, created
+    status, answer = await stack.call("code", "POST", path, raw=body, headers=captured, index=1)
+    assert (status, answer["reason"]) == (401, "replayed_nonce"), answer
+
+    # a record request is claimed where it is answered: the owner, reached from either replica
+    record = f"/v1/avcc/records/{created['avcc_record_id']}"
+    for first, second in ((0, 1), (1, 0), (0, 0)):
+        captured = sign_request("GET", record, b"", API_KEY, API_SECRET)
+        status, answer = await stack.call("code", "GET", record, headers=captured, index=first)
+        assert status in (200, 404), answer
+        status, answer = await stack.call("code", "GET", record, headers=captured, index=second)
+        assert (status, answer["reason"]) == (401, "replayed_nonce"), (first, second, answer)
