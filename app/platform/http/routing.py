@@ -127,7 +127,7 @@ async def record_request(
     denied = await authorize(request, body, settings, forwarded=forwarded)
     if denied is not None:
         return denied
-    if not avcc_record_id.isdigit():
+    if not (avcc_record_id.isascii() and avcc_record_id.isdigit() and len(avcc_record_id) <= 19):
         return json_error(400, "avcc_record_id: must be a decimal integer")
     record_id = int(avcc_record_id)
     return RecordRequest(body, record_id, record_key(record_id), forwarded)
