@@ -106,3 +106,14 @@ async def test_dlq_show_prints_a_poisoned_dead_letter_escaped(
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b[2J" in out and "\\x1b]0;pwned\\x07" in out
     assert "作品" in out  # printable text in any script stays readable
+
+
+@pytest.mark.parametrize(
+    "query", ["since=99999999999999999999999", "until=-99999999999999999999", "since=%C2%B2", "since_ms=1e99"]
+)
+async def test_out_of_range_times_are_a_400(console: str, store: DlqStore, query: str) -> None:
+    dead_letter(store, 1)
+    async with ClientSession(headers=ALICE) as http:
+        for path in ("/dlq.json", "/dlq"):
+            async with http.get(f"{console}{path}?{query}") as r:
+                assert r.status == 400, (path, query)
