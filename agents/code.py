@@ -11,8 +11,6 @@ requests for one work on one partition owner: one work, one record, one code. Th
 from __future__ import annotations
 
 import asyncio
-import html
-import time
 from typing import Any
 
 import faust
@@ -29,7 +27,8 @@ from app.lifecycle.code.claims import (
     record_id_for,
     sequence_key,
 )
-from app.lifecycle.code.records import RecordState, apply_created, is_duplicate, review_finished, tx_confirmed
+from app.lifecycle.code.recent import recent_records, render_recent_records
+from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
 from app.platform.http.auth import signed_json
@@ -206,29 +205,14 @@ class Record(faust.web.View):
         return json_response(state.public())
 
 
-def _record_row(s: RecordState) -> str:
-    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime((s.updated_ms or 0) / 1000))
-    cells = [
-        str(s.avcc_record_id),
-        s.status,
-        s.final_level or "",
-        "" if s.overall_score is None else str(s.overall_score),
-        s.avcc_code or "",
-        updated,
-    ]
-    return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
-
-
 @app.page("/records")
-class RecentRecords(faust.web.View):
-    """Operator page: the records held by this worker, most recently updated first."""
+class RecentRecordsPage(faust.web.View):
+    """Operator page (login by the worker's middleware): the records held by this worker, most
+    recently updated first, from a bounded scan that yields to the event loop."""
 
     async def get(self, request: web.Request) -> web.Response:
-        states = sorted(records.values(), key=lambda s: s.updated_ms or 0, reverse=True)
-        rows = "".join(_record_row(s) for s in states[:200])
-        page = (
-            "<!doctype html><title>AVCC records</title><h1>Recent records</h1>"
-            "<table border=1 cellpadding=4><tr><th>record</th><th>status</th><th>level</th>"
-            f"<th>score</th><th>AVCC code</th><th>updated (UTC)</th></tr>{rows}</table>"
-        )
-        return web.Response(text=page, content_type="text/html")
+        try:
+            recent = await recent_records(records.table.values())
+        except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
+            return web.Response(status=503, text="rebalancing; retry\n", headers={"Retry-After": "1"})
+        return web.Response(text=render_recent_records(recent), content_type="text/html")

@@ -63,6 +63,7 @@ class LagMonitorService(Service):
 
 
 # ----------------------------------------------------------------------------- lag console
+# Operator pages: the worker's middleware (app/platform/http/operators.py) asks for the login.
 
 
 @app.page("/lag", name="avcc_ops_lag")

@@ -21,15 +21,14 @@ import faust
 import mode
 from aiohttp import web
 
-from app.platform.errors import DependencyUnavailable
 from app.platform.faust.app import get_app
 from app.platform.http.auth import require_hmac
-from app.platform.http.responses import json_error, json_response
+from app.platform.http.responses import json_error
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.playback.sink.batch import GROUP
 from app.playback.sink.clickhouse import ClickHouseBackend
-from app.playback.sink.reports import AnomaliesRequest, StatsRequest
+from app.playback.sink.reports import AnomaliesRequest, StatsRequest, answer_report
 from app.playback.sink.runner import SinkRunner
 
 __all__ = [
@@ -99,15 +98,12 @@ class SinkService(mode.Service):
 
 
 async def _answer(work: Callable[[ClickHouseBackend], Any]) -> web.Response:
-    """Run a report query off the event loop; 503 (retry later) while ClickHouse is unavailable."""
+    """Run a report query off the event loop; 503 (retry later) while the sink or ClickHouse is
+    unavailable."""
     runner = _active
     if runner is None:
         return json_error(503, "the sink is not running", reason="unavailable", retry_after_s=1)
-    try:
-        body = await asyncio.get_running_loop().run_in_executor(None, work, runner.query_backend)
-        return json_response(body)
-    except DependencyUnavailable as exc:
-        return json_error(503, str(exc), reason="clickhouse_unavailable", retry_after_s=5)
+    return await answer_report(work, runner.query_backend)
 
 
 @app.page(STATS_ROUTE)

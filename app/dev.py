@@ -19,6 +19,7 @@ from types import FrameType
 
 from app.platform.groups import GROUPS, GroupSpec
 from app.platform.kafka.admin import apply_plan
+from app.platform.redaction import redact_url
 from app.platform.settings import Settings, get_settings
 from app.servers.tansu import TansuBroker
 
@@ -109,7 +110,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
         print(
             BANNER.format(
                 bootstrap=settings.kafka_bootstrap,
-                clickhouse=settings.clickhouse_url,
+                clickhouse=redact_url(settings.clickhouse_url),
                 host=settings.web_host,
                 port=settings.web_port,
                 code_port=settings.web_port + 1,

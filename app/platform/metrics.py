@@ -258,3 +258,12 @@ __all__ += [
     "SINK_PENDING_MESSAGES",
     "SINK_ROWS_WRITTEN",
 ]
+
+# --- operator pages (appended) -------------------------------------------------------------------
+OPERATOR_LOGIN_FAILURES = Counter(
+    "avcc_operator_login_failures_total",
+    "Refused operator logins (Basic auth of the console and operator pages) by reason",
+    ["reason"],
+    registry=REGISTRY,
+)
+__all__ += ["OPERATOR_LOGIN_FAILURES"]

@@ -66,6 +66,7 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
             ]
         ),
         PYTHONPATH=str(ROOT),
+        AVCC_OPERATOR_USERS=json.dumps({"lag-ui": "lag-ui-pass"}),
     )
     base = f"http://127.0.0.1:{port}"
     worker = ManagedProcess(
@@ -86,7 +87,9 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
                 executable_path=chromium_path, args=["--headless", *CHROMIUM_ARGS]
             )
             try:
-                page = await browser.new_page()
+                page = await browser.new_page(
+                    http_credentials={"username": "lag-ui", "password": "lag-ui-pass"}
+                )
                 rows = page.locator(f"#lag tbody tr:has(td:text-is('{group}'))")
                 deadline = time.monotonic() + 30
                 while await rows.count() != 6:

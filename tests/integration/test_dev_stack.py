@@ -3,6 +3,7 @@ and stops without leaving a process behind."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import os
@@ -160,6 +161,7 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
         else:
             raise AssertionError(f"no code issued in the dev stack: {status} {raw!r}")
         assert _get(f"http://127.0.0.1:{base}/dlq")[0] == 401
+        _check_operator_pages(base, orjson.loads(raw)["avcc_record_id"])
     finally:
         children = _descendants(dev.pid)
         dev.send_signal(signal.SIGTERM)
@@ -172,6 +174,38 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
     time.sleep(1)
     left = {pid for pid in children if Path(f"/proc/{pid}").exists()}
     assert not left, f"processes left behind after SIGTERM: {left}"
+
+
+def _check_operator_pages(base: int, record_id: int) -> None:
+    """Operator pages answer 401 (never data) without a login and 200 with the dev login;
+    probes stay open; every answer forbids framing."""
+    admin = {"Authorization": "Basic " + base64.b64encode(b"admin:admin").decode()}
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"admin:nope").decode()}
+    pages = {
+        f"http://127.0.0.1:{base + 1}/records": f"<td>{record_id}</td>".encode(),
+        f"http://127.0.0.1:{base}/lag": b"consumer lag",
+        f"http://127.0.0.1:{base}/lag.json": b"taken_at",
+        f"http://127.0.0.1:{base}/dlq.json": b"items",
+    }
+    for url, marker in pages.items():
+        status, body = _get(url)
+        assert status == 401 and marker not in body, (url, status, body[:200])
+        assert _get(url, wrong)[0] == 401, url
+        status, body = _get(url, admin)
+        assert status == 200 and marker in body, (url, status, body[:200])
+    for group in GROUPS:
+        port = base + group.port_offset
+        assert _get(f"http://127.0.0.1:{port}/")[0] == 401  # faust's index page too
+        status, body = _get(f"http://127.0.0.1:{port}/ready")
+        assert status == 200 and orjson.loads(body)["status"] == "ready"
+        headers = _headers(f"http://127.0.0.1:{port}/health")
+        assert headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+
+
+def _headers(url: str) -> dict[str, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return dict(response.headers.items())
 
 
 def _port_free(port: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -250,9 +251,15 @@ def test_reader_ignores_groups_outside_the_prefix(broker: BrokerHandle, unique: 
 # ----------------------------------------------------------------------------- real worker processes
 
 
-def http_get(url: str) -> tuple[int, str, str]:
+#: The operator login the lag tests' workers accept (``/lag`` and ``/lag.json`` are operator pages).
+OPERATOR = {"AVCC_OPERATOR_USERS": json.dumps({"lag-ops": "lag-pass"})}
+OPERATOR_AUTH = {"Authorization": "Basic " + base64.b64encode(b"lag-ops:lag-pass").decode()}
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
+    request = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, response.headers.get("Content-Type", ""), response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
@@ -297,6 +304,7 @@ def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
         AVCC_LAG_RULES=json.dumps(rules),
         AVCC_LAG_GROUP_PREFIX=group,
         AVCC_LAG_PROBE_END_OFFSETS="true" if broker.name == "tansu" else "false",
+        **OPERATOR,
     )
     base = f"http://127.0.0.1:{port}"
     proc = ManagedProcess(
@@ -335,11 +343,12 @@ def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
         ]
         assert len(lags) == 6 and sum(lags) == 1500
 
-        report = json.loads(http_get(f"{base}/lag.json")[2])
+        assert http_get(f"{base}/lag.json")[0] == 401 and http_get(f"{base}/lag")[0] == 401
+        report = json.loads(http_get(f"{base}/lag.json", OPERATOR_AUTH)[2])
         (row,) = [g for g in report["groups"] if g["group"] == group]
         assert (row["topic"], row["lag"], len(row["partitions"])) == (topic, 1500, 6)
         assert [a["rule"] for a in report["alerts"]] == ["TestApplyLag"]
-        status, content_type, page = http_get(f"{base}/lag")
+        status, content_type, page = http_get(f"{base}/lag", OPERATOR_AUTH)
         assert status == 200 and content_type.startswith("text/html")
         assert page.count(f"<td>{group}</td>") == 6 and "TestApplyLag" in page
     finally:
@@ -401,6 +410,7 @@ def test_worker_exports_the_lag_of_its_own_partitions(
         TEST_TOPIC=topic,
         AVCC_LAG_EXPORT_INTERVAL_S="1",
         AVCC_LAG_PROBE_END_OFFSETS="true" if broker.name == "tansu" else "false",
+        **OPERATOR,
     )
     base = f"http://127.0.0.1:{port}"
     proc = ManagedProcess(

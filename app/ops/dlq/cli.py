@@ -5,6 +5,11 @@ commands call that worker over HTTP (``/dlq.json``, ``/dlq/{id}.json`` and the P
 with the operator login from ``AVCC_OPERATOR`` (``user:password``; ``admin:admin`` in dev mode).
 
 Exit codes: 0 done, 1 refused or not found, 2 cannot reach / authenticate with the ops worker.
+
+A dead letter is whatever a producer sent, so everything printed from it goes through
+:func:`terminal_safe`: control characters (an ESC sequence can rewrite the operator's screen,
+set the window title or worse) and bidi overrides are shown escaped; printable text in any
+script stays as it is.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import unicodedata
 import urllib.error
 import urllib.request
 from typing import Any
@@ -22,7 +28,15 @@ import orjson
 from app.ops.dlq.console import console_base_url
 from app.platform.settings import get_settings
 
-__all__ = ["ConsoleClient", "ConsoleError", "discard_cmd", "list_cmd", "reinject_cmd", "show_cmd"]
+__all__ = [
+    "ConsoleClient",
+    "ConsoleError",
+    "discard_cmd",
+    "list_cmd",
+    "reinject_cmd",
+    "show_cmd",
+    "terminal_safe",
+]
 
 #: ``user:password`` of the operator the CLI logs in as.
 OPERATOR_ENV = "AVCC_OPERATOR"
@@ -81,8 +95,31 @@ class ConsoleClient:
             raise ConsoleError(0, f"cannot reach the ops worker at {self.base_url}: {exc}") from exc
 
 
+#: Unicode categories shown escaped: controls, format characters (bidi overrides, zero-width),
+#: surrogates, private use, unassigned, line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def terminal_safe(value: object, *, multiline: bool = False) -> str:
+    """``str(value)`` fit for a terminal: unsafe characters as ``\\xNN`` / ``\\uNNNN`` escapes
+    (a backslash itself is kept); ``multiline`` keeps newlines and tabs (payloads, stack traces)."""
+    text = str(value)
+    kept = "\n\t" if multiline else ""
+    return "".join(
+        _escaped(ch) if ch not in kept and unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch
+        for ch in text
+    )
+
+
 def _fail(exc: ConsoleError) -> int:
-    print(f"error: {exc}", file=sys.stderr)
+    print(f"error: {terminal_safe(exc)}", file=sys.stderr)
     return 2 if exc.status in {0, 401, 403, 503} else 1
 
 
@@ -109,12 +146,13 @@ def list_cmd(
     items = answer.get("items", [])
     print(f"{'id':12} {'status':10} {'failed at (UTC)':24} {'group':12} {'topic':32} {'error':24} event id")
     for item in items:
-        print(
+        line = (
             f"{item['dlq_id']:12} {item['status']:10} {item['failed_at']:24} "
             f"{item['consumer_group'][:12]:12} "
             f"{item['original_topic'][:32]:32} {item['error_class'].rsplit('.', 1)[-1][:24]:24} "
             f"{item.get('event_id') or '-'}"
         )
+        print(terminal_safe(line))
     counts = ", ".join(f"{k}: {v}" for k, v in answer.get("counts", {}).items())
     print(f"{len(items)} shown; totals {counts}")
     return 0
@@ -126,9 +164,12 @@ def show_cmd(dlq_id: str) -> int:
         d = _client().request("GET", f"/dlq/{quote(dlq_id, safe='')}.json")
     except ConsoleError as exc:
         return _fail(exc)
+    out = terminal_safe
     print(
-        f"dead letter {d['dlq_id']}  status={d['status']}  re-injections={d['reinjections']}/"
-        f"{d['max_reinjections']}"
+        out(
+            f"dead letter {d['dlq_id']}  status={d['status']}  re-injections={d['reinjections']}/"
+            f"{d['max_reinjections']}"
+        )
     )
     for name in (
         "original_topic",
@@ -142,20 +183,20 @@ def show_cmd(dlq_id: str) -> int:
         "attempt",
         "failed_at",
     ):
-        print(f"  {name:20} {d.get(name)}")
+        print(f"  {name:20} {out(d.get(name))}")
     print("headers:")
     for h in d["headers"]:
-        print(f"  {h['name']}: {h['value'] if h['value'] is not None else 'base64:' + h['value_b64']}")
-    print(f"payload ({d['payload_kind']}):")
-    print(d["payload"])
+        value = h["value"] if h["value"] is not None else "base64:" + h["value_b64"]
+        print(f"  {out(h['name'])}: {out(value)}")
+    print(f"payload ({out(d['payload_kind'])}):")
+    print(out(d["payload"], multiline=True))
     if d.get("stacktrace"):
         print("stack trace:")
-        print(d["stacktrace"])
+        print(out(d["stacktrace"], multiline=True))
     print("audit trail:")
     for a in d["audit"] or []:
-        print(
-            f"  {a['at']} {a['who']} {a['action']} {a.get('reason') or ''} {a.get('detail') or ''}".rstrip()
-        )
+        line = f"  {a['at']} {a['who']} {a['action']} {a.get('reason') or ''} {a.get('detail') or ''}"
+        print(out(line.rstrip()))
     if not d["audit"]:
         print("  (none)")
     return 0
@@ -182,9 +223,9 @@ def reinject_cmd(
         except ConsoleError as exc:
             return _fail(exc)
         for dlq_id in result["reinjected"]:
-            print(f"reinjected {dlq_id}")
+            print(f"reinjected {terminal_safe(dlq_id)}")
         for dlq_id, reason in result["refused"].items():
-            print(f"refused {dlq_id}: {reason}", file=sys.stderr)
+            print(f"refused {terminal_safe(dlq_id)}: {terminal_safe(reason)}", file=sys.stderr)
         print(f"{len(result['reinjected'])} re-injected, {len(result['refused'])} refused")
         return 1 if result["refused"] else 0
     code = 0
@@ -194,7 +235,8 @@ def reinject_cmd(
         except ConsoleError as exc:
             code = max(code, _fail(exc))
             continue
-        print(f"reinjected {entry['dlq_id']} into {entry['original_topic']} (status {entry['status']})")
+        line = f"reinjected {entry['dlq_id']} into {entry['original_topic']} (status {entry['status']})"
+        print(terminal_safe(line))
     return code
 
 
@@ -206,5 +248,5 @@ def discard_cmd(dlq_id: str, operator: str, reason: str) -> int:
         )
     except ConsoleError as exc:
         return _fail(exc)
-    print(f"discarded {entry['dlq_id']} (status {entry['status']})")
+    print(terminal_safe(f"discarded {entry['dlq_id']} (status {entry['status']})"))
     return 0

@@ -1,6 +1,6 @@
 """DLQ console: server-rendered operator pages and a JSON API over the ops worker's DLQ store.
 
-Routes (every one behind HTTP Basic authentication against ``settings.effective_operators()``):
+Routes (every one behind the operator login of :mod:`app.platform.http.operators`):
 
 =========================  ======  ==========================================================
 ``/dlq``                   GET     list with a filter form (topic, group, error class, status,
@@ -23,7 +23,6 @@ The HTML itself is rendered by :mod:`app.ops.dlq.pages`.
 
 from __future__ import annotations
 
-import hmac
 import html
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,7 +31,7 @@ from urllib.parse import urlsplit
 
 import faust
 import orjson
-from aiohttp import BasicAuth, web
+from aiohttp import web
 
 from app.ops.dlq.entries import DlqError, DlqNotFound
 from app.ops.dlq.filters import DlqFilter
@@ -53,13 +52,13 @@ from app.ops.dlq.pages import (
 from app.ops.dlq.service import DlqService, install_dlq
 from app.ops.dlq.store import DlqStore
 from app.platform.groups import group_spec
+from app.platform.http.headers import security_headers
+from app.platform.http.operators import OperatorGuard
 from app.platform.settings import Settings, get_settings
 
 __all__ = ["DlqConsole", "console_application", "console_base_url", "install_console"]
 
 log = logging.getLogger(__name__)
-
-REALM = "AVCC DLQ console"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _e = html.escape
@@ -90,6 +89,15 @@ def _redirect(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location})
 
 
+def _text_field(body: Mapping[str, Any], name: str) -> str | None:
+    """The text field ``name`` of a form or JSON body (``ValueError`` - a 400 - when it is
+    there but not text, e.g. ``{"operator": 1}`` or a file upload)."""
+    value = body.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{name}: must be a string")
+
+
 def _cross_site(request: web.Request) -> bool:
     """A browser POST that did not come from a page of this console."""
     if request.headers.get("Sec-Fetch-Site", "") in {"cross-site", "same-site"}:
@@ -109,13 +117,14 @@ class DlqConsole:
         *,
         service: DlqService | None = None,
         store: DlqStore | None = None,
+        guard: OperatorGuard | None = None,
     ) -> None:
         if service is None and store is None:
             raise ValueError("DlqConsole needs a DlqService or a DlqStore")
         self.settings = settings
         self.service = service
         self._fixed_store = store
-        self.operators = settings.effective_operators()
+        self.guard = guard if guard is not None else OperatorGuard.from_settings(settings)
 
     # -- plumbing ------------------------------------------------------------------------------
     @property
@@ -125,31 +134,6 @@ class DlqConsole:
             return self._fixed_store
         assert self.service is not None
         return self.service.store
-
-    def authenticate(self, request: web.Request) -> str | None:
-        """The operator name if the request carries valid Basic credentials."""
-        header = request.headers.get("Authorization", "")
-        if not header.lower().startswith("basic "):
-            return None
-        try:
-            creds = BasicAuth.decode(header)
-        except ValueError:
-            return None
-        expected = self.operators.get(creds.login)
-        ok = hmac.compare_digest(
-            (expected if expected is not None else "\x00invalid\x00").encode(), creds.password.encode()
-        )
-        return creds.login if ok and expected is not None else None
-
-    def _unauthorized(self) -> web.Response:
-        message = "operator login required"
-        if not self.operators:
-            message += " (no operator logins configured: set AVCC_OPERATOR_USERS)"
-        return web.Response(
-            status=401,
-            text=message + "\n",
-            headers={"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},
-        )
 
     def guarded(
         self, route: str, handler: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
@@ -165,9 +149,9 @@ class DlqConsole:
     async def _guarded_call(
         self, request: web.Request, handler: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        user = self.authenticate(request)
-        if user is None:
-            return self._unauthorized()
+        user = self.guard.check(request)
+        if isinstance(user, web.Response):
+            return user
         if request.method == "POST" and _cross_site(request):
             return self._error(request, 403, "cross-site request refused")
         try:
@@ -187,8 +171,8 @@ class DlqConsole:
         return web.Response(text=page(f"Error {status}", body), status=status, content_type="text/html")
 
     @staticmethod
-    def _who(user: str, claimed: str | None) -> str:
-        claimed = (claimed or "").strip()[:100]
+    def _who(user: str, body: Mapping[str, Any]) -> str:
+        claimed = (_text_field(body, "operator") or "").strip()[:100]
         if not claimed or claimed == user:
             return user
         return f"{claimed} (via {user})"
@@ -258,8 +242,8 @@ class DlqConsole:
         """``POST /dlq/{id}/reinject``."""
         dlq_id = request.match_info["dlq_id"]
         body = await self._body(request)
-        who = self._who(user, body.get("operator"))
-        reason = str(body.get("reason") or "").strip() or None
+        who = self._who(user, body)
+        reason = (_text_field(body, "reason") or "").strip() or None
         try:
             entry = await self.store.reinject(dlq_id, who, reason=reason)
         except DlqError as exc:
@@ -286,9 +270,9 @@ class DlqConsole:
         """``POST /dlq/{id}/discard``."""
         dlq_id = request.match_info["dlq_id"]
         body = await self._body(request)
-        who = self._who(user, body.get("operator"))
+        who = self._who(user, body)
         try:
-            entry = self.store.discard(dlq_id, who, str(body.get("reason") or ""))
+            entry = self.store.discard(dlq_id, who, _text_field(body, "reason") or "")
         except DlqError as exc:
             if _wants_json(request) or isinstance(exc, DlqNotFound):
                 raise
@@ -305,8 +289,8 @@ class DlqConsole:
             raise ValueError("give at least one filter (topic, group, error_class, since, until)")
         if not _wants_json(request) and body.get("confirm") != "yes":
             raise ValueError("tick the confirmation box to re-inject in bulk")
-        who = self._who(user, body.get("operator"))
-        result = await self.store.bulk_reinject(filters, who, reason=str(body.get("reason") or "") or None)
+        who = self._who(user, body)
+        result = await self.store.bulk_reinject(filters, who, reason=_text_field(body, "reason") or None)
         if _wants_json(request):
             return _json({**result.as_dict(), "filters": filters.as_dict()})
         return web.Response(
@@ -354,7 +338,7 @@ def install_console(
     if getattr(app, "_web_server_service", None) is not None:
         log.warning("app %s has a custom web server: mount console_application() there", app.conf.id)
     service = service or install_dlq(app, settings, console_url=console_base_url(settings))
-    console = DlqConsole(settings, service=service)
+    console = DlqConsole(settings, service=service, guard=getattr(app, "operator_guard", None))
     for name, path, handlers in console.routes():
         app.page(path, name=name)(_faust_view(name, handlers))
     return console
@@ -362,7 +346,7 @@ def install_console(
 
 def console_application(console: DlqConsole) -> web.Application:
     """A plain aiohttp application serving the console (tests, custom web servers)."""
-    application = web.Application()
+    application = web.Application(middlewares=[security_headers])
     for _name, path, handlers in console.routes():
         for method, handler in handlers.items():
             application.router.add_route(method, path, handler)

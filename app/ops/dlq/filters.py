@@ -67,7 +67,10 @@ class DlqFilter:
             value = text(name)
             if value is None:
                 return None
-            if value.lstrip("-").isdigit():
+            digits = value.removeprefix("-")
+            if digits.isascii() and digits.isdigit():
+                if len(digits) > 13:  # beyond year 2286: a typo, not a time (and past int64)
+                    raise ValueError(f"{name}: epoch ms out of range: {value[:64]!r}")
                 return int(value)
             try:
                 moment = datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -16,6 +16,8 @@ from mode.utils.objects import cached_property
 from app.platform.faust import transport
 from app.platform.groups import group_spec
 from app.platform.http.counting import count_requests
+from app.platform.http.headers import security_headers
+from app.platform.http.operators import OperatorGuard, operator_login
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import reply_topic
 
@@ -107,6 +109,10 @@ class _ReplyConsumer(ReplyConsumer):
 class AvccApp(faust.App):
     """The faust App of an agent group."""
 
+    #: The operator login of this worker's pages (see :mod:`app.platform.http.operators`), shared
+    #: by every page so its failed-login limits hold across them; set by :func:`create_app`.
+    operator_guard: OperatorGuard | None = None
+
     @cached_property
     def _reply_consumer(self) -> ReplyConsumer:
         return _ReplyConsumer(self, loop=self.loop, beacon=self.beacon)
@@ -124,12 +130,15 @@ def create_app(
 
     ``reply_to`` names a stable reply topic (``None``: faust's per-process one, for apps that
     ask); ``overrides`` are further faust settings (tests use a shorter commit interval). Its web
-    server counts every answer in ``avcc_http_requests_total`` (:func:`count_requests`).
+    server counts every answer in ``avcc_http_requests_total`` (:func:`count_requests`), adds the
+    security headers (:func:`security_headers`) and asks for an operator login on every page that
+    is not ``/v1/`` (signed) or a probe (:func:`operator_login`).
     """
     settings = get_settings()
     settings.check_bind()
     advertised = settings.advertised_url(web_port)
     tansu_like = tansu_like_broker(settings)
+    guard = OperatorGuard.from_settings(settings)
     options: dict[str, Any] = {
         "broker": f"{transport.SCHEME}://{settings.kafka_bootstrap}",
         "broker_credentials": _credentials(settings),
@@ -161,10 +170,11 @@ def create_app(
         "reply_create_topic": True,
         "reply_to": reply_to,
         "producer_max_batch_size": 1 if tansu_like else 16384,
-        "web_application_options": {"middlewares": [count_requests]},
+        "web_application_options": {"middlewares": [count_requests, security_headers, operator_login(guard)]},
         **overrides,
     }
     app = AvccApp(app_id, **options)
+    app.operator_guard = guard
     transport.set_fetch_max_wait_ms(
         app_id, transport.FETCH_MAX_WAIT_MS if tansu_like else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS
     )

@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 #: ``request[KEY_ID_ATTRIBUTE]`` holds the authenticated key id inside a :func:`require_hmac` view.
-KEY_ID_ATTRIBUTE: Final = "avcc_key_id"
+KEY_ID_ATTRIBUTE: Final = web.RequestKey("avcc_key_id", str)
 #: Largest body of a signed request other than a playback batch (which has its own setting).
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
 

@@ -94,7 +94,9 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
 
     Ready = started, and: with faust's consumer, partitions assigned and tables recovered; with an
     own consumer (``state.assignment``), partitions assigned; plus ``state.ready_check`` if given.
-    A group without any consumer (the HTTP-only gateway) is ready once started.
+    A group without any consumer (the HTTP-only gateway) is ready once started. The body is
+    open to anyone who can reach the port: it says why not ready in fixed words, never with
+    exception text (which may name hosts or carry credentials).
     """
     body: dict[str, Any] = {"group": state.group}
     if getattr(app, "crashed", False):
@@ -124,8 +126,9 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
     elif state.assignment is not None:
         try:
             owned = list(state.assignment())
-        except Exception as exc:  # the group's consumer is not up yet
-            return False, {**body, "status": "starting", "reason": f"consumer not started: {exc}"}
+        except Exception as exc:  # the group's consumer is not up yet (the detail is for the log)
+            log.debug("readiness of %s: consumer not started: %s", state.group, exc)
+            return False, {**body, "status": "starting", "reason": "consumer not started"}
         if not owned:
             return False, {**body, "status": "unassigned", "reason": "no partitions assigned to this worker"}
         consumer, partitions = True, len(owned)

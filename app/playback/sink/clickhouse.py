@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import orjson
 
 from app.platform.errors import ConfigurationError, DependencyTimeout, DependencyUnavailable
+from app.platform.redaction import redact_url
 
 __all__ = [
     "ChdbBackend",
@@ -421,7 +422,7 @@ def connect(url: str, data_dir: Path) -> ClickHouseBackend:
     parsed = urlparse(url)
     if parsed.scheme == "clickhouse":
         if not parsed.hostname:
-            raise ConfigurationError(f"AVCC_CLICKHOUSE_URL needs a host: {url!r}")
+            raise ConfigurationError(f"AVCC_CLICKHOUSE_URL needs a host: {redact_url(url)!r}")
         database = parsed.path.strip("/") or "default"
         if _IDENTIFIER.fullmatch(database) is None:
             raise ConfigurationError(f"AVCC_CLICKHOUSE_URL database must be an identifier: {database!r}")
@@ -430,7 +431,7 @@ def connect(url: str, data_dir: Path) -> ClickHouseBackend:
         try:
             port = parsed.port or _DEFAULT_PORT
         except ValueError as exc:
-            raise ConfigurationError(f"AVCC_CLICKHOUSE_URL has a bad port: {url!r}") from exc
+            raise ConfigurationError(f"AVCC_CLICKHOUSE_URL has a bad port: {redact_url(url)!r}") from exc
         return DriverBackend(
             parsed.hostname,
             port,
@@ -445,5 +446,5 @@ def connect(url: str, data_dir: Path) -> ClickHouseBackend:
         path = Path(raw) if raw.startswith("/") else Path(data_dir) / (raw or "chdb")
         return ChdbBackend(path.resolve())
     raise ConfigurationError(
-        f"AVCC_CLICKHOUSE_URL must be clickhouse://host:port/db or chdb:///path, got {url!r}"
+        f"AVCC_CLICKHOUSE_URL must be clickhouse://host:port/db or chdb:///path, got {redact_url(url)!r}"
     )

@@ -1,20 +1,33 @@
 """The sink's two read-side reports (playback stats, anomalies) as typed requests.
 
 A request is parsed from the web view's query string (``ValueError`` says which parameter is
-wrong, the view answers 400) and run on a ClickHouse connection off the event loop.
+wrong, the view answers 400) and run on a ClickHouse connection off the event loop
+(:func:`answer_report`). While ClickHouse cannot answer, partners get a fixed 503 body: the
+detail (host names, driver messages) goes to the log only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+from aiohttp import web
+
+from app.platform.errors import DependencyTimeout, DependencyUnavailable
+from app.platform.http.responses import json_error, json_response
 from app.playback.sink.clickhouse import ClickHouseBackend
 from app.playback.sink.store import list_anomalies, playback_stats
 from schemas.types import MAX_EPOCH_MS
 
-__all__ = ["AnomaliesRequest", "StatsRequest"]
+__all__ = ["UNAVAILABLE_ERROR", "AnomaliesRequest", "StatsRequest", "answer_report"]
+
+log = logging.getLogger(__name__)
+
+#: The ``error`` of the 503 a partner gets while ClickHouse cannot answer.
+UNAVAILABLE_ERROR: Final = "ClickHouse unavailable"
 
 #: Longest text parameter accepted (codes, rules).
 _MAX_TEXT: int = 200
@@ -89,3 +102,14 @@ class AnomaliesRequest:
         """The answer body (blocking: call it off the event loop)."""
         rows = list_anomalies(backend, self.avcc_code, self.rule, self.from_ms, self.to_ms, self.limit)
         return {"anomalies": rows}
+
+
+async def answer_report(work: Callable[[ClickHouseBackend], Any], backend: ClickHouseBackend) -> web.Response:
+    """The JSON answer of ``work`` run on ``backend`` off the event loop; a fixed 503 (retry
+    later) while ClickHouse is unreachable or slow, its detail logged."""
+    try:
+        body = await asyncio.get_running_loop().run_in_executor(None, work, backend)
+    except (DependencyUnavailable, DependencyTimeout) as exc:
+        log.warning("playback report not answered, ClickHouse unavailable: %s", exc)
+        return json_error(503, UNAVAILABLE_ERROR, reason="clickhouse_unavailable", retry_after_s=5)
+    return json_response(body)

@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from aiohttp import ClientSession, web
-from aiohttp.test_utils import TestServer
 
 from app.ops.dlq import cli as dlq_cli
-from app.ops.dlq.console import DlqConsole, console_application
+from app.ops.dlq.console import DlqConsole
 from app.ops.dlq.reinject import HEADER_REINJECTED_BY
 from app.ops.dlq.store import DlqStore
 from app.platform.settings import Settings, get_settings
+from tests.unit.ops.dlq.conftest import ALICE
 from tests.unit.ops.dlq.dead_letters import FakeSender, dead_letter
-
-
-@pytest.fixture
-async def console(store: DlqStore) -> AsyncIterator[str]:
-    settings = Settings(operator_users={"alice": "s3cret", "bob": "hunter2"})
-    application = console_application(DlqConsole(settings, store=store))
-    server = TestServer(application, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
-
-
-ALICE = {"Authorization": "Basic " + base64.b64encode(b"alice:s3cret").decode()}
 
 
 async def test_console_requires_operator_login(console: str, store: DlqStore) -> None:
@@ -144,17 +128,6 @@ async def test_console_json_api(console: str, store: DlqStore) -> None:
 
 
 # -- CLI against the console ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli_env(console: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    port = console.rsplit(":", 1)[1]
-    monkeypatch.setenv("AVCC_WEB_HOST", "127.0.0.1")
-    monkeypatch.setenv("AVCC_WEB_PORT", port)  # the ops group has port offset 0
-    monkeypatch.setenv("AVCC_OPERATOR", "alice:s3cret")
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
 
 
 async def test_cli_commands_call_the_console(
