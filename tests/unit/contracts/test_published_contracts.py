@@ -8,7 +8,6 @@ same field that ``avcc validate`` names, except for the few rules JSON Schema ca
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,6 +28,7 @@ from app.platform.errors import SchemaViolation
 from app.platform.flows import TOPIC_FLOWS
 from app.platform.groups import GROUPS
 from app.platform.internal_topics import group_app
+from tests.conftest import in_ci
 from tests.unit.schemas.test_schemas import REJECTIONS, raw_event, set_path
 
 CONTRACTS_DIR = ROOT / "deploy" / "contracts"
@@ -171,12 +171,8 @@ def test_model_only_rules_are_few_and_all_used() -> None:
 # --- the reference AsyncAPI parser ------------------------------------------------------------------
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
 def _missing(what: str) -> None:
-    if _in_ci():
+    if in_ci():
         pytest.fail(f"{what}; scripts/install-deps.sh installs it", pytrace=False)
     pytest.skip(f"{what} (run scripts/install-deps.sh)")
 
