@@ -274,12 +274,12 @@ Money = Annotated[
     Decimal,
     PlainValidator(parse_money),
     _MONEY_SERIALIZER,
-    WithJsonSchema(_MONEY_SCHEMA),
+    WithJsonSchema(_MONEY_SCHEMA, mode="validation"),
 ]
 #: Like :data:`Money`, but >= 0.
 NonNegativeMoney = Annotated[
     Decimal,
     PlainValidator(_parse_non_negative_money),
     _MONEY_SERIALIZER,
-    WithJsonSchema(_NON_NEGATIVE_MONEY_SCHEMA),
+    WithJsonSchema(_NON_NEGATIVE_MONEY_SCHEMA, mode="validation"),
 ]

@@ -28,6 +28,8 @@ __all__ = ["Break", "GitRefError", "compare_documents", "compare_sets", "schemas
 _LOWER: Final = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
 _UPPER: Final = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 _EXACT: Final = ("pattern", "format", "multipleOf", "uniqueItems")
+#: Contracts are flat documents; deeper nesting means a recursive model, which is not supported.
+_MAX_DEPTH: Final = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +94,6 @@ class _Comparison:
     def __init__(self, name: str, old: Mapping[str, Any], new: Mapping[str, Any], prefix: str) -> None:
         self.name, self.old_doc, self.new_doc, self.prefix = name, old, new, prefix
         self.breaks: list[Break] = []
-        self._seen: set[tuple[int, int, str]] = set()
 
     def run(self) -> list[Break]:
         self._schema(self.old_doc, self.new_doc, self.prefix)
@@ -115,10 +116,10 @@ class _Comparison:
 
     def _schema(self, old: Any, new: Any, path: str) -> None:
         old, new = self._resolve(self.old_doc, old), self._resolve(self.new_doc, new)
-        key = (id(old), id(new), path)
-        if key in self._seen or new is True or old is False or new == {}:
+        if new is True or old is False or new == {}:
             return
-        self._seen.add(key)
+        if path.count(".") > _MAX_DEPTH:
+            raise ValueError(f"{self.name}: schema nested deeper than {_MAX_DEPTH} levels (recursive?)")
         if new is False:
             self._add(path, "field removed", "no value is accepted any more")
             return

@@ -187,3 +187,18 @@ def test_cli_against_this_checkouts_head_passes() -> None:
     result = CliRunner().invoke(main, ["contracts", "check", "--against", "HEAD~0"])
     assert result.exit_code == 0, result.output
     assert "compatible with HEAD~0" in result.output
+
+
+def test_a_narrowed_branch_of_a_union_is_named(current: dict[str, dict[str, Any]]) -> None:
+    def whole_yuan_strings(doc: dict[str, Any]) -> None:
+        doc["properties"]["revenue_cny"]["anyOf"][0]["pattern"] = "^[0-9]{1,12}$"
+
+    breaks = compare_documents(PLAYBACK, current[PLAYBACK], changed(current[PLAYBACK], whole_yuan_strings))
+    assert lines(breaks) == [("payload.revenue_cny", "constraint narrowed")]
+
+
+def test_a_new_cross_field_rule_is_a_break(current: dict[str, dict[str, Any]]) -> None:
+    rule = {"if": {"required": ["title"]}, "then": {"required": ["media_type"]}}
+
+    new = changed(current[APPLY], lambda doc: doc.update(allOf=[rule]))
+    assert lines(compare_documents(APPLY, current[APPLY], new)) == [("payload", "rule added")]
