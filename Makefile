@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install:  ## everything the stack and the tests need (apt packages, venv, Kafka jars)
+install:  ## everything the stack and the tests need (apt packages, venv, Kafka jars, npm parser)
 	bash scripts/install-deps.sh
 
 venv:  ## only the Python environment (enough for `make run`)
@@ -24,10 +24,10 @@ lint:  ## ruff lint + format check
 typecheck:  ## mypy (strict on the packages)
 	$(VENV)/bin/mypy
 
-contracts:  ## contract artefacts fresh and backward compatible with the merge base (origin/main, else HEAD)
+contracts:  ## contract artefacts fresh and backward compatible with the merge base (origin/main, main, else HEAD)
 	$(PY) -m app.platform.contract_docs --check
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-		base=$$(git merge-base HEAD origin/main 2>/dev/null || git rev-parse HEAD); \
+		base=$$(git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null || git rev-parse HEAD); \
 		$(PY) -m app contracts check --against "$$base"; \
 	else echo "not a git checkout: no ref to check contract compatibility against"; fi
 
