@@ -3,12 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install venv run lint typecheck test unit integration bench clean
+.PHONY: help install venv run lint typecheck contracts test unit integration bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install:  ## everything the stack and the tests need (apt packages, venv, Kafka jars)
+install:  ## everything the stack and the tests need (apt packages, venv, Kafka jars, npm parser)
 	bash scripts/install-deps.sh
 
 venv:  ## only the Python environment (enough for `make run`)
@@ -24,13 +24,20 @@ lint:  ## ruff lint + format check
 typecheck:  ## mypy (strict on the packages)
 	$(VENV)/bin/mypy
 
+contracts:  ## contract artefacts fresh and backward compatible with the merge base (origin/main, main, else HEAD)
+	$(PY) -m app.platform.contract_docs --check
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		base=$$(git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null || git rev-parse HEAD); \
+		$(PY) -m app contracts check --against "$$base"; \
+	else echo "not a git checkout: no ref to check contract compatibility against"; fi
+
 unit:  ## unit tests only
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 integration:  ## integration tests only (real Tansu, Apache Kafka, ClickHouse)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-test: install lint typecheck  ## the full suite: lint, types, unit + integration on real servers
+test: install lint typecheck contracts  ## the full suite: lint, types, unit + integration on real servers
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
 bench:  ## benchmarks (printed, never asserted)

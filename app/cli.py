@@ -89,6 +89,20 @@ def validate(topic: str, file: click.utils.LazyFile) -> None:
     click.echo("valid")
 
 
+@main.group()
+def contracts() -> None:
+    """Published event contracts (schemas/json, schemas/asyncapi.yaml)."""
+
+
+@contracts.command("check")
+@click.option("--against", "ref", required=True, help="Git ref whose published schemas must stay valid.")
+def contracts_check(ref: str) -> None:
+    """Fail (exit 1, naming each field) on a backward-incompatible change of a payload since REF."""
+    from app.platform.contract_docs.check import check_against
+
+    sys.exit(check_against(ref))
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("group")
 @click.pass_context

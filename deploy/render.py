@@ -14,7 +14,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from app.platform.faust.app import consumer_group_id  # noqa: E402
 from app.platform.groups import GROUPS, GroupSpec  # noqa: E402
 from app.platform.settings import Settings  # noqa: E402
 from app.platform.topics import DLQ, spec_for  # noqa: E402
+from app.platform.yaml_text import to_yaml  # noqa: E402
 
 __all__ = ["RENDERED_DIRS", "check", "main", "render_all", "to_yaml"]
 
@@ -60,60 +61,6 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
     "gateway": ("250m", "256Mi", "768Mi"),
 }
 DEFAULT_RESOURCES = ("250m", "384Mi", "1Gi")
-
-
-# ----------------------------------------------------------------------------- YAML
-
-
-_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
-_RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
-
-
-def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    text = str(value)
-    if _PLAIN.match(text) and text.lower() not in _RESERVED:
-        return text
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _inline(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "{}"
-    if isinstance(value, list | tuple):
-        return "[]"
-    return _scalar(value)
-
-
-def _emit(obj: Any, indent: int) -> list[str]:
-    pad = "  " * indent
-    lines: list[str] = []
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            if isinstance(value, Mapping | list | tuple) and value:
-                lines.append(f"{pad}{_scalar(key)}:")
-                lines.extend(_emit(value, indent + 1))
-            else:
-                lines.append(f"{pad}{_scalar(key)}: {_inline(value)}")
-        return lines
-    for item in obj:
-        if isinstance(item, Mapping | list | tuple) and item:
-            sub = _emit(item, indent + 1)
-            lines.append(f"{pad}- {sub[0][len(pad) + 2 :]}")
-            lines.extend(sub[1:])
-        else:
-            lines.append(f"{pad}- {_inline(item)}")
-    return lines
-
-
-def to_yaml(*documents: Any) -> str:
-    """Block-style YAML of ``documents`` (dicts, lists, str, int, float, bool, None), ``---`` separated."""
-    return "---\n".join("\n".join(_emit(doc, 0)) + "\n" for doc in documents)
 
 
 # ----------------------------------------------------------------------------- Kubernetes

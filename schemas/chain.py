@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from schemas.types import (
@@ -32,6 +32,15 @@ __all__ = [
     "SettlementInstruction",
     "SettlementSplit",
 ]
+
+
+def _when(field: str, value: str, then: dict[str, Any]) -> dict[str, Any]:
+    """A JSON Schema ``if``/``then`` rule: when ``field`` is ``value``, ``then`` applies."""
+    return {"if": {"properties": {field: {"const": value}}, "required": [field]}, "then": then}
+
+
+def _only(present: str, absent: str) -> dict[str, Any]:
+    return {"required": [present], "properties": {present: {"type": "object"}, absent: {"type": "null"}}}
 
 
 class EvidencePayload(ContractModel):
@@ -124,6 +133,16 @@ class ChainTxPending(ContractModel):
     (``chain_type="settlement"``) is present. Submission is idempotent by ``idempotency_key``.
     """
 
+    #: The same part rule, published in the JSON Schema (``schemas/json``).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                _when("chain_type", "copyright_main", _only("evidence", "settlement")),
+                _when("chain_type", "settlement", _only("settlement", "evidence")),
+            ]
+        }
+    )
+
     avcc_record_id: RecordId
     chain_type: ChainType
     idempotency_key: Identifier
@@ -151,6 +170,15 @@ class ChainTxConfirmed(ContractModel):
 
     ``instruction_id`` only for ``chain_type="settlement"``; ``error`` only for ``status="failed"``.
     """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                _when("chain_type", "copyright_main", {"properties": {"instruction_id": {"type": "null"}}}),
+                _when("status", "success", {"properties": {"error": {"type": "null"}}}),
+            ]
+        }
+    )
 
     avcc_record_id: RecordId
     chain_type: ChainType

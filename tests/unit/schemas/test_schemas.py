@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.platform import topics
+from app.platform.contract_docs.examples import load_examples
 from app.platform.contracts import PAYLOAD_MODELS, decode_event, payload_model, validate_event
 from app.platform.errors import SchemaViolation, UndecodableMessage
 from schemas import (
@@ -58,84 +59,13 @@ def envelope(payload: dict[str, Any], source: str = "code-svc") -> dict[str, Any
     return {"event_id": EVENT_ID, "timestamp": TS, "source": source, "payload": payload}
 
 
+#: The published examples (``schemas/examples``, also in the AsyncAPI document) are the test data.
+EXAMPLES = load_examples()
 SEED_PAYLOADS: dict[str, dict[str, Any]] = {
-    APPLY: {
-        "request_id": "req_20260602_001",
-        "avcc_record_id": 10042,
-        "content_url": "s3://aigc-hub-storage/works/raw/10042.mp4",
-        "content_hash": CONTENT_HASH,
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
-        "priority": 5,
-    },
-    REVIEW: {
-        "request_id": "req_20260602_001",
-        "avcc_record_id": 10042,
-        "review_report_id": 5001,
-        "decision": "approved",
-        "final_level": "G",
-        "overall_score": 78.5,
-        "report_hash": REPORT_HASH,
-    },
-    PENDING: {
-        "avcc_record_id": 10042,
-        "chain_type": "copyright_main",
-        "idempotency_key": "evidence:10042:5001",
-        "request_id": "req_20260602_001",
-        "evidence": {
-            "content_hash": CONTENT_HASH,
-            "report_hash": REPORT_HASH,
-            "final_level": "G",
-            "review_report_id": 5001,
-        },
-    },
-    CONFIRMED: {
-        "avcc_record_id": 10042,
-        "chain_type": "copyright_main",
-        "tx_hash": TX_HASH,
-        "block_height": 123456,
-        "status": "success",
-        "crd_address": CRD_ADDRESS,
-    },
-    PLAYBACK: {
-        "avcc_code": MA_CODE,
-        "platform_node": "8361",
-        "user_hash": USER_HASH,
-        "event_type": "play",
-        "duration_sec": 1800,
-        "revenue_cny": 0.00,
-    },
-    ANOMALY: {
-        "anomaly_id": "anom-20260602-0001",
-        "rule": "traffic_spike",
-        "avcc_code": MA_CODE,
-        "platform_node": "8361",
-        "window_start_ms": TS,
-        "window_end_ms": TS + 60_000,
-        "observed": 5400.0,
-        "baseline": 120.0,
-        "threshold": 1200,
-        "evidence": {"plays": 5400, "distinct_users": 3, "top_user": USER_HASH},
-    },
+    topic: EXAMPLES[topic][0]["payload"]["payload"]
+    for topic in (APPLY, REVIEW, PENDING, CONFIRMED, PLAYBACK, ANOMALY)
 }
-
-SETTLEMENT: dict[str, Any] = {
-    "avcc_record_id": 10042,
-    "chain_type": "settlement",
-    "idempotency_key": "settle:10042:2026-06",
-    "request_id": "settle_202606_10042",
-    "settlement": {
-        "instruction_id": "ins-202606-10042",
-        "avcc_code": MA_CODE,
-        "period_start": TS,
-        "period_end": TS + 30 * 86_400_000,
-        "currency": "CNY",
-        "total_cny": "100.30",
-        "splits": [
-            {"party": "creator", "address": CRD_ADDRESS, "amount_cny": 70.1},
-            {"party": "platform", "address": "0x" + "ab" * 20, "amount_cny": "30.20"},
-        ],
-    },
-}
+SETTLEMENT: dict[str, Any] = EXAMPLES[PENDING][1]["payload"]["payload"]
 
 
 def raw_event(topic: str, **changes: Any) -> dict[str, Any]:
