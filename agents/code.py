@@ -56,7 +56,7 @@ __all__ = ["app"]
 app = get_app("code")
 settings = get_settings()
 runtime = GroupRuntime("code", "code-svc", app)
-install_common_views(app, "code", signed_routes=True)
+install_common_views(app, "code")
 
 
 def _raw_topic(spec: TopicSpec, *more: TopicSpec) -> Any:

@@ -44,7 +44,7 @@ app: faust.App = get_app("gateway")
 # The gateway produces with its own confluent producer and consumes nothing: faust's Kafka
 # clients would only join a group and open connections for nothing. The web server still runs.
 app.boot_strategy = app.BootStrategy(app, enable_kafka=False)
-install_common_views(app, "gateway", signed_routes=True, export_lag=False)
+install_common_views(app, "gateway", export_lag=False)
 
 _ingest: PlaybackIngest | None = None
 

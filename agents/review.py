@@ -35,7 +35,7 @@ __all__ = ["app"]
 app = get_app("review")
 settings = get_settings()
 runtime = GroupRuntime("review", "review-svc", app)
-install_common_views(app, "review", signed_routes=True)
+install_common_views(app, "review")
 review_config = ReviewConfig()
 
 inputs = app.topic(

@@ -35,7 +35,7 @@ __all__ = ["app"]
 app = get_app("settlement")
 settings = get_settings()
 runtime = GroupRuntime("settlement", "settlement-svc", app)
-install_common_views(app, "settlement", signed_routes=True)
+install_common_views(app, "settlement")
 
 confirmed = app.topic(
     CHAIN_TX_CONFIRMED.name,

@@ -64,7 +64,7 @@ def _ready() -> tuple[bool, str]:
     return runner.readiness()
 
 
-install_common_views(app, GROUP, signed_routes=True, assignment=_assigned, ready_check=_ready)
+install_common_views(app, GROUP, assignment=_assigned, ready_check=_ready)
 
 
 @app.service

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Final
 
 from app.platform import topics
+from app.platform.groups import GROUPS
 
 __all__ = ["RETRYING_GROUPS", "TOPIC_FLOWS", "TopicFlow", "flow_for"]
 
@@ -30,7 +31,7 @@ class TopicFlow:
 RETRYING_GROUPS: Final = ("code", "review", "chain", "settlement")
 _REDELIVER: Final = ("retry", "ops")
 #: Groups serving signed ``/v1/`` routes: every replica claims and reads nonces.
-_SIGNED_ROUTES: Final = ("code", "review", "settlement", "gateway", "sink")
+_SIGNED_ROUTES: Final = tuple(group.name for group in GROUPS if group.signed_routes)
 
 TOPIC_FLOWS: Final[Mapping[str, TopicFlow]] = MappingProxyType(
     {

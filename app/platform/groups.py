@@ -17,15 +17,17 @@ class GroupSpec:
     source: str
     #: Its agents answer faust ``ask`` requests, so each worker needs a reply topic.
     uses_replies: bool = False
+    #: It serves signed ``/v1/`` routes, so each worker claims and reads the shared nonces.
+    signed_routes: bool = False
 
 
 GROUPS: tuple[GroupSpec, ...] = (
-    GroupSpec("code", "agents.code", 1, "code-svc", uses_replies=True),
-    GroupSpec("review", "agents.review", 2, "review-svc"),
+    GroupSpec("code", "agents.code", 1, "code-svc", uses_replies=True, signed_routes=True),
+    GroupSpec("review", "agents.review", 2, "review-svc", signed_routes=True),
     GroupSpec("chain", "agents.chain", 3, "chain-svc"),
-    GroupSpec("settlement", "agents.settlement", 4, "settlement-svc"),
-    GroupSpec("gateway", "agents.gateway", 5, "gateway-svc"),
-    GroupSpec("sink", "agents.sink", 6, "clickhouse-sink"),
+    GroupSpec("settlement", "agents.settlement", 4, "settlement-svc", signed_routes=True),
+    GroupSpec("gateway", "agents.gateway", 5, "gateway-svc", signed_routes=True),
+    GroupSpec("sink", "agents.sink", 6, "clickhouse-sink", signed_routes=True),
     GroupSpec("anomaly", "agents.anomaly", 7, "anomaly-svc"),
     GroupSpec("retry", "agents.retry", 8, "retry-svc"),
     GroupSpec("ops", "agents.ops", 0, "ops-svc"),

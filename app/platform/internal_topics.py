@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from app.platform.groups import GROUPS, GroupSpec
-from app.platform.topics import DAY_MS, INFINITE, TopicSpec
+from app.platform.topics import DAY_MS, INFINITE, NONCES, TopicSpec
 
 __all__ = ["changelog_specs", "group_app", "reply_specs", "worker_topics"]
 
@@ -66,5 +66,7 @@ def reply_specs(groups: Iterable[GroupSpec]) -> list[TopicSpec]:
 
 
 def worker_topics(group: GroupSpec) -> list[TopicSpec]:
-    """Every internal topic a worker of ``group`` needs before it starts."""
-    return [*changelog_specs([group]), *reply_specs([group])]
+    """Every internal topic a worker of ``group`` needs before it starts (and the shared nonce
+    topic for a group with signed routes, so a worker never claims into a missing topic)."""
+    nonces = [NONCES] if group.signed_routes else []
+    return [*changelog_specs([group]), *reply_specs([group]), *nonces]

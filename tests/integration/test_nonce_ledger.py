@@ -17,9 +17,10 @@ import pytest
 
 from app.platform.http.auth import sign_request
 from app.platform.http.nonces import NonceLedger
+from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
-from app.platform.topics import NONCES
+from app.platform.topics import NONCES, TOPIC_PLAN
 from tests.integration.conftest import BrokerHandle
 from tests.integration.stack import API_KEY, API_SECRET, Stack, application
 
@@ -83,6 +84,7 @@ async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
 
 @pytest.fixture
 def two_code_replicas(stack_broker: Any, tmp_path: Path) -> Iterator[Stack]:
+    apply_plan(Settings(kafka_url=f"kafka://{stack_broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     stack = Stack(stack_broker.bootstrap, tmp_path)
     try:
         stack.start("code", index=0)
@@ -96,6 +98,11 @@ async def test_the_same_signed_request_is_refused_by_the_second_replica(two_code
     stack = two_code_replicas
     assert stack.url("code", 0) != stack.url("code", 1)
     path = "/v1/avcc/applications"
+    for index in (0, 1):  # both replicas past the rebalance of the second one's arrival
+        deadline = time.monotonic() + 90
+        while (status := (await stack.call("code", "POST", path, application(), index=index))[0]) != 202:
+            assert status == 503 and time.monotonic() < deadline, (status, stack.logs())
+            await asyncio.sleep(1)
     body = orjson.dumps(application())
     captured = sign_request("POST", path, body, API_KEY, API_SECRET)
     status, created = await stack.call("code", "POST", path, raw=body, headers=captured, index=0)

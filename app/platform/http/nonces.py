@@ -208,8 +208,10 @@ class NonceLedger:
 
     def _assign_window(self, consumer: Consumer) -> dict[int, tuple[int, int]]:
         """Assign every partition from the start of the skew window; partition -> (next, end)."""
-        metadata = consumer.list_topics(self.topic, timeout=10)
-        partitions = sorted(metadata.topics[self.topic].partitions)
+        metadata = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        partitions = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
+        if not partitions:  # not created yet (`avcc topics apply`, or the worker's own start)
+            raise DependencyUnavailable(f"topic {self.topic} does not exist (yet)")
         ends = {
             p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
             for p in partitions

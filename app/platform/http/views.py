@@ -33,6 +33,7 @@ from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import PartitionOffsets
 from app.ops.watchdog import StallWatchdog, exit_stalled
 from app.platform.faust.app import consumer_group_id
+from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
 from app.platform.metrics import CONSUMER_LAG, LAG_MONITOR_ERRORS, REGISTRY
 from app.platform.settings import Settings, get_settings
@@ -278,7 +279,6 @@ def install_common_views(
     app: faust.App,
     group: str,
     *,
-    signed_routes: bool = False,
     export_lag: bool = True,
     lag_config: LagSettings | None = None,
     assignment: AssignmentSource | None = None,
@@ -286,7 +286,7 @@ def install_common_views(
 ) -> WorkerState:
     """Add ``/metrics``, ``/health``, ``/ready`` and the per-worker lag export to ``app``.
 
-    ``signed_routes`` for a group serving ``/v1/`` routes: its worker reads the shared nonce
+    A group serving signed ``/v1/`` routes (``GroupSpec.signed_routes``) reads the shared nonce
     store (``AVCC_NONCE_STORE=kafka``) from the start and is ready once it has caught up.
     ``export_lag=False`` for the ops App, whose lag monitor exports every group's lag itself.
     A group that consumes with its own client instead of faust agents (sink, anomaly, retry)
@@ -299,7 +299,7 @@ def install_common_views(
         return existing
     state = WorkerState(group=group, assignment=assignment, ready_check=ready_check)
     setattr(app, _INSTALLED_ATTR, state)
-    if signed_routes:
+    if any(spec.name == group and spec.signed_routes for spec in GROUPS):
         store = nonce_store(get_settings())
         if isinstance(store, NonceLedger):
             state.nonces = store
