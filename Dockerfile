@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 # One image for every agent group: `docker run IMAGE worker <group>` (default: worker code).
 #   docker build -t avcc:latest .
-#   docker run --rm -e AVCC_KAFKA_URL=kafka://broker:9092 -p 6067:6067 avcc:latest worker code
+#   docker run --rm -e AVCC_KAFKA_URL=kafka://broker:9092 \
+#       -e AVCC_WEB_ADVERTISED_URL='http://<this container's address>:{port}' -p 6067:6067 avcc:latest worker code
+# The image listens on every interface (AVCC_WEB_HOST=0.0.0.0), so each worker must announce an
+# address its peers can reach (AVCC_WEB_ADVERTISED_URL); it refuses to start with a wildcard.
 # Kubernetes manifests: deploy/k8s (rendered by deploy/render.py).
 
 ARG PYTHON_IMAGE=python:3.11-slim

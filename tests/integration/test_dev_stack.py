@@ -98,6 +98,10 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
             "AVCC_KAFKA_URL": f"kafka://127.0.0.1:{broker_port}",
             "AVCC_WEB_PORT": str(base),
             "AVCC_DATA_DIR": str(tmp_path / "var"),
+            # a playback partner's key beside the dev key: it may only post and read playback
+            "AVCC_HMAC_KEYS": orjson.dumps(
+                {PARTNER: {"secret": PARTNER_SECRET, "scopes": PARTNER_SCOPES}}
+            ).decode(),
         }
     )
     dev = subprocess.Popen(
@@ -162,6 +166,7 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
             raise AssertionError(f"no code issued in the dev stack: {status} {raw!r}")
         assert _get(f"http://127.0.0.1:{base}/dlq")[0] == 401
         _check_operator_pages(base, orjson.loads(raw)["avcc_record_id"])
+        _check_partner_scopes(base, record_path, body)
     finally:
         children = _descendants(dev.pid)
         dev.send_signal(signal.SIGTERM)
@@ -174,6 +179,59 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
     time.sleep(1)
     left = {pid for pid in children if Path(f"/proc/{pid}").exists()}
     assert not left, f"processes left behind after SIGTERM: {left}"
+
+
+PARTNER = "partner-a"
+PARTNER_SECRET = "s3cret-partner-a-000"
+PARTNER_SCOPES = ["playback:write", "playback:read"]
+
+
+def _check_partner_scopes(base: int, record_path: str, application: bytes) -> None:
+    """A key scoped to playback posts events (202) and reads stats (200), and is refused 403
+    (naming the scope) on a review decision, an application and a record."""
+
+    def signed(method: str, path: str, body: bytes = b"") -> dict[str, str]:
+        return sign_request(method, path, body, PARTNER, PARTNER_SECRET)
+
+    events = orjson.dumps(
+        [
+            {
+                "avcc_code": "MA.156.10005.8361/AV00000001",
+                "platform_node": "8361",
+                "user_hash": "sha256:" + hashlib.sha256(b"viewer").hexdigest(),
+                "event_type": "play",
+                "duration_sec": 30,
+                "revenue_cny": "0.00",
+            }
+        ]
+    )
+    path = "/v1/playback/events"
+    gateway = f"http://127.0.0.1:{base + 5}"
+    status, answer = _post(
+        gateway + path, events, {**signed("POST", path, events), "Content-Type": "application/json"}
+    )
+    assert status == 202 and orjson.loads(answer)["accepted"] == 1, answer
+    stats = "/v1/playback/stats?avcc_code=MA.156.10005.8361/AV00000001"
+    status, answer = _get(f"http://127.0.0.1:{base + 6}{stats}", signed("GET", stats))
+    assert status == 200, answer
+    decision = orjson.dumps({"decision": "approve", "final_level": "A", "reviewer": "mallory", "reason": "x"})
+    decide = "/v1/review/tasks/1/decision"
+    refused = [
+        _post(f"http://127.0.0.1:{base + 2}{decide}", decision, signed("POST", decide, decision)),
+        _post(
+            f"http://127.0.0.1:{base + 1}/v1/avcc/applications",
+            application,
+            signed("POST", "/v1/avcc/applications", application),
+        ),
+        _get(f"http://127.0.0.1:{base + 1}{record_path}", signed("GET", record_path)),
+    ]
+    for (status, answer), scope in zip(refused, ("review:decide", "apply", "records:read"), strict=True):
+        assert status == 403, (scope, status, answer)
+        assert orjson.loads(answer) == {
+            "error": f"this key may not use this route; it needs the scope {scope!r}",
+            "reason": "scope",
+            "required": scope,
+        }
 
 
 def _check_operator_pages(base: int, record_id: int) -> None:
