@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.platform.credentials import ApiKey, refuse_weak_secret
 from app.platform.errors import ConfigurationError
+from app.platform.redaction import redact_url
 
 __all__ = ["DEV_HMAC_KEYS", "Settings", "get_settings"]
 
@@ -150,10 +151,18 @@ class Settings(BaseSettings):
     @property
     def kafka_bootstrap(self) -> str:
         """``host:port[,host:port]`` from :attr:`kafka_url`."""
-        parsed = urlparse(self.kafka_url)
+        try:
+            parsed = urlparse(self.kafka_url)
+        except ValueError:  # e.g. an unbalanced "[" in the host
+            parsed = urlparse("")
         if parsed.scheme not in {"kafka", ""} or not parsed.netloc:
             raise ConfigurationError(
-                f"AVCC_KAFKA_URL must look like kafka://host:port, got {self.kafka_url!r}"
+                f"AVCC_KAFKA_URL must look like kafka://host:port, got {redact_url(self.kafka_url)!r}"
+            )
+        if "@" in parsed.netloc:
+            raise ConfigurationError(
+                f"AVCC_KAFKA_URL holds credentials ({redact_url(self.kafka_url)!r}): "
+                "set them in AVCC_KAFKA_SASL_USERNAME / AVCC_KAFKA_SASL_PASSWORD"
             )
         return parsed.netloc.replace(";", ",")
 

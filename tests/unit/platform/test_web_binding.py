@@ -49,3 +49,10 @@ def test_the_app_binds_web_host_announces_its_url_and_serves_no_faust_table_view
     assert app.conf.web_host == "replica-3.example"
     assert app.conf.web_tables_enabled is False
     assert app.conf.web_router_enabled is False
+
+
+@pytest.mark.parametrize("url", ["http://u:topsecret@h:1", "kafka://u:topsecret@h:9092", "x://u:topsecret@["])
+def test_a_bad_kafka_url_is_refused_without_echoing_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _ = Settings(kafka_url=url).kafka_bootstrap
+    assert "topsecret" not in str(info.value)
