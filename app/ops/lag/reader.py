@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
 from app.platform.faust.app import tansu_like_broker
-from app.platform.kafka.clients import admin_client
+from app.platform.kafka.clients import admin_client, consumer_config
 from app.platform.metrics import LAG_MONITOR_ERRORS
 from app.platform.settings import Settings
 
@@ -74,15 +74,11 @@ class OffsetReader:
 
     def _watermark_consumer(self) -> Any:
         if self._consumer is None:
-            conf: dict[str, Any] = {
-                **self.settings.kafka_client_config(),
-                # Never subscribes nor commits: the id only satisfies librdkafka.
-                "group.id": "avcc-lag-reader",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 50,
-                "max.partition.fetch.bytes": 65536,
-            }
+            # Never subscribes nor commits: the group id only satisfies librdkafka.
+            conf = consumer_config(self.settings, "avcc-lag-reader", "avcc-lag-reader")
+            conf.update(
+                {"enable.partition.eof": True, "fetch.wait.max.ms": 50, "max.partition.fetch.bytes": 65536}
+            )
             self._consumer = Consumer(conf)
         return self._consumer
 
@@ -134,13 +130,8 @@ class OffsetReader:
             return {}
         consumer = self._group_consumers.pop(group, None)
         if consumer is None:
-            conf: dict[str, Any] = {
-                **self.settings.kafka_client_config(),
-                "group.id": group,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-            }
-            consumer = Consumer(conf)
+            # reads the group's committed offsets only (never joins it)
+            consumer = Consumer(consumer_config(self.settings, group, "avcc-lag-reader"))
         self._group_consumers[group] = consumer  # most recently used last
         while len(self._group_consumers) > _MAX_GROUP_CLIENTS:
             _, oldest = self._group_consumers.popitem(last=False)

@@ -76,10 +76,10 @@ def tansu_like_broker(settings: Settings) -> bool:
         return settings.kafka_single_record_batches
     bootstrap = settings.kafka_bootstrap
     if bootstrap not in _TANSU_LIKE:
-        from confluent_kafka.admin import AdminClient
+        from app.platform.kafka.clients import admin_client
 
         try:
-            admin = AdminClient({**settings.kafka_client_config(), "log_level": 0})
+            admin = admin_client(settings, log_level=0)
             _TANSU_LIKE[bootstrap] = str(admin.list_topics(timeout=3).cluster_id) == TANSU_CLUSTER_ID
         except Exception:  # the broker is not reachable yet: assume the careful setting
             _TANSU_LIKE[bootstrap] = True

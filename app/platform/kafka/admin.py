@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from app.platform.errors import TopicPlanDrift
+from app.platform.kafka.clients import admin_client
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN, TopicSpec
 
@@ -54,7 +55,7 @@ class PlanReport:
 
 
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient(settings.kafka_client_config())
+    return admin_client(settings)
 
 
 def describe_topics(settings: Settings, names: Iterable[str]) -> dict[str, dict[str, Any]]:
