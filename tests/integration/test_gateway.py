@@ -169,7 +169,7 @@ async def test_ndjson_with_a_broken_line(gateway: Gateway) -> None:
     ("case", "reason"),
     [
         ("bad_signature", "bad_signature"),
-        ("unknown_key", "unknown_key"),
+        ("unknown_key", "bad_signature"),  # answered like a wrong signature: ids cannot be probed
         ("stale", "stale_timestamp"),
         ("missing", "missing_header"),
     ],
