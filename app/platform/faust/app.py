@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import faust
 from faust.agents.models import ReqRepResponse
 from faust.agents.replies import ReplyConsumer
+from faust.models import maybe_model
 from mode.utils.objects import cached_property
 
 from app.platform.faust import transport
@@ -87,12 +88,24 @@ def tansu_like_broker(settings: Settings) -> bool:
 
 
 class _ReplyConsumer(ReplyConsumer):
-    """faust's reply consumer with an ack-free reply topic.
+    """faust's reply consumer with an ack-free reply topic, tolerant of duplicate replies.
 
     faust reads replies with ``async for`` and so never acks the last reply; a worker that waits
     for its streams at a rebalance or shutdown (``stream_wait_empty``) then waits forever.
     Replies are not offsets anybody commits, so the topic is not tracked for acks at all.
+
+    faust's reply producer is not idempotent: after a lost acknowledgement (a broker failover)
+    or a redelivered request (a rebalance) a reply can arrive twice, and faust's
+    ``ReplyPromise.fulfill`` then raises ``InvalidStateError`` on the finished future, which
+    stops the reply consumer and crashes the worker. A reply is delivered to each waiting
+    promise once; its correlation id is then forgotten, so a duplicate finds nobody waiting.
     """
+
+    async def _drain_replies(self, channel: Any) -> None:
+        async for reply in channel.stream():
+            for promise in list(self._waiting.pop(reply.correlation_id, ())):
+                if not promise.done():
+                    promise.fulfill(reply.correlation_id, maybe_model(reply.value))
 
     def _reply_topic(self, topic: str) -> Any:
         return self.app.topic(
