@@ -1,7 +1,8 @@
 """No 5xx from any input: schemathesis over every route of every worker that serves ``/v1/`` routes.
 
 The code, review and settlement workers of the session's core stack (Tansu only, to keep CI
-time), plus a gateway and a sink worker (ClickHouse) started here on the same broker, each
+time), plus a gateway and a sink worker (ClickHouse) started here on the same broker (with an
+ops worker, whose console renders the merged document at ``/docs``), each
 fuzzed through the ``/openapi.json`` it serves: signed with a key holding every scope (cases
 that fit the document, then cases that break it) and unsigned. Every answer must be documented
 (status, content type, body schema) and none may be a 5xx other than the documented 503. A
@@ -53,13 +54,13 @@ PROBES = {"/health", "/ready", "/metrics", "/openapi.json"}
 def playback_workers(
     stack_broker: Any, clickhouse_server: ClickHouseServer, tmp_path: Path
 ) -> Iterator[Stack]:
-    """A gateway and a sink worker (own consumer group, own ClickHouse database) on the broker."""
+    """A gateway, a sink (own consumer group, own ClickHouse database) and an ops worker."""
     unique = uuid.uuid4().hex[:10]
     database = clickhouse_server.url.rsplit("/", 1)[0] + f"/api_fuzz_{unique}"
     env = {"AVCC_CLICKHOUSE_URL": database, "AVCC_SINK_GROUP_ID": f"api-fuzz-sink-{unique}"}
     stack = Stack(stack_broker.bootstrap, tmp_path / "playback", env=env)
     try:
-        stack.start("gateway", "sink")
+        stack.start("gateway", "sink", "ops")
         yield stack
     finally:
         stack.stop_all()
@@ -88,6 +89,16 @@ def test_each_worker_serves_a_valid_document_of_its_own_routes(
         document = response.json()
         validate(document)
         assert set(document["paths"]) == V1_ROUTES[group] | PROBES, group
+
+
+def test_the_console_renders_the_partner_document_for_operators_only(playback_workers: Stack) -> None:
+    url = playback_workers.url("ops") + "/docs"
+    assert requests.get(url, timeout=10).status_code == 401
+    page = requests.get(url, auth=("operator", "operator-pass"), timeout=10)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    for path in set().union(*V1_ROUTES.values()):
+        assert f"<code>{path}</code>" in page.text
+    assert requests.get(playback_workers.url("ops") + "/openapi.json", timeout=10).status_code == 200
 
 
 def test_no_route_answers_5xx_or_off_document(
