@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-import faust
 from pydantic import BaseModel
 
 from app.platform.credentials import Scope
 from app.platform.http.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP
+
+if TYPE_CHECKING:
+    import faust
 
 __all__ = [
     "API_VERSION",
