@@ -3,8 +3,9 @@
 The code, review and settlement workers of the session's core stack (Tansu only, to keep CI
 time), plus a gateway and a sink worker (ClickHouse) started here on the same broker (with an
 ops worker, whose console renders the merged document at ``/docs``), each
-fuzzed through the ``/openapi.json`` it serves: signed with a key holding every scope (cases
-that fit the document, then cases that break it) and unsigned. Every answer must be documented
+fuzzed through the ``/openapi.json`` it serves: signed with a key holding every scope and
+unsigned, each with cases that fit the document and cases that break it (signed, the hook
+replaces broken signing headers; unsigned, they reach the server). Every answer must be documented
 (status, content type, body schema) and none may be a 5xx other than the documented 503. A
 summary line per worker and run goes to the terminal, past pytest's output capture.
 """
@@ -36,6 +37,7 @@ RUNS = (
     (HmacAuth(API_KEY, API_SECRET), 40, GenerationMode.POSITIVE),
     (HmacAuth(API_KEY, API_SECRET), 40, GenerationMode.NEGATIVE),
     (None, 10, GenerationMode.POSITIVE),
+    (None, 20, GenerationMode.NEGATIVE),  # malformed X-AVCC-* headers among others
 )
 #: Time allowed to each run before the rest of its operations are reported unfuzzed.
 BUDGET_S = 240.0
