@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
 
 from app.platform.http.auth import sign_request
 
-__all__ = ["CHECKS", "FuzzSummary", "HmacAuth", "fuzz_worker"]
+__all__ = ["CHECKS", "FuzzSummary", "HmacAuth", "call_documented", "fuzz_worker"]
 
 #: What every answer must satisfy.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -135,3 +135,12 @@ def fuzz_worker(
     session.close()
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def call_documented(base_url: str, method: str, path: str, auth: HmacAuth | None, **case: Any) -> Any:
+    """Send one hand-made case of the worker's operation ``method path`` (``path_parameters``,
+    ``query``, ``body``) and check its answer like the fuzzer does; the schemathesis response."""
+    schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
+    operation = schema[path][method]
+    made = operation.Case(**case)
+    return made.call_and_validate(base_url=base_url, auth=auth, timeout=30, checks=CHECKS)

@@ -24,8 +24,8 @@ from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 
 from app.servers.clickhouse import ClickHouseServer
-from tests.integration.api_fuzz import FuzzSummary, HmacAuth, fuzz_worker
-from tests.integration.stack import API_KEY, API_SECRET, Stack
+from tests.integration.api_fuzz import FuzzSummary, HmacAuth, call_documented, fuzz_worker
+from tests.integration.stack import API_KEY, API_SECRET, Stack, application, wait_for
 
 pytestmark = [
     pytest.mark.timeout(1200),
@@ -50,6 +50,7 @@ V1_ROUTES = {
     "sink": {"/v1/playback/stats", "/v1/playback/anomalies"},
 }
 PROBES = {"/health", "/ready", "/metrics", "/openapi.json"}
+RECORD = "/v1/avcc/records/{avcc_record_id}"
 
 
 @pytest.fixture
@@ -101,6 +102,21 @@ def test_the_console_renders_the_partner_document_for_operators_only(playback_wo
     for path in set().union(*V1_ROUTES.values()):
         assert f"<code>{path}</code>" in page.text
     assert requests.get(playback_workers.url("ops") + "/openapi.json", timeout=10).status_code == 200
+
+
+def test_an_issued_record_and_its_application_answer_as_documented(core_stack: Stack) -> None:
+    """The fuzzer's record ids are random (404s): check a real, issued record's 200 too."""
+    url, auth = core_stack.url("code"), HmacAuth(API_KEY, API_SECRET)
+    applied = call_documented(url, "POST", "/v1/avcc/applications", auth, body=application())
+    assert applied.status_code == 202
+    record_id = applied.json()["avcc_record_id"]
+
+    def issued() -> Any:
+        answer = call_documented(url, "GET", RECORD, auth, path_parameters={"avcc_record_id": str(record_id)})
+        return answer if answer.status_code == 200 and answer.json().get("avcc_code") else None
+
+    record = wait_for(issued, 90, interval=0.5)
+    assert len(record.json()["history"]) >= 3
 
 
 def test_no_route_answers_5xx_or_off_document(
