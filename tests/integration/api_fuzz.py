@@ -129,7 +129,7 @@ def fuzz_worker(
             if mode is GenerationMode.POSITIVE:
                 raise
             summary.not_negatable.append(operation.label)  # no parameter and no body to break
-        except Exception as exc:
+        except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup is a BaseExceptionGroup
             detail = "".join(traceback.format_exception_only(exc)).strip()
             summary.failures.append(f"{operation.label}: {detail[:4000]}")
     session.close()
