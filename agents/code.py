@@ -16,6 +16,7 @@ from typing import Any
 import faust
 from aiohttp import web
 
+from app.api import APPLY, RECORD
 from app.lifecycle.code.claims import (
     CLAIM_TIMEOUT_S,
     Claim,
@@ -32,6 +33,7 @@ from app.lifecycle.code.records import apply_created, is_duplicate, review_finis
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
 from app.platform.http.auth import signed_json
+from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
@@ -161,11 +163,7 @@ async def claim_applications(stream: Any) -> Any:
         yield answer.as_reply()
 
 
-ROUTE_APPLY = "/v1/avcc/applications"
-ROUTE_RECORD = "/v1/avcc/records/{avcc_record_id}"
-
-
-@app.page(ROUTE_APPLY)
+@route(app, APPLY)
 class Applications(faust.web.View):
     """``POST``: apply for an AVCC code (HMAC-signed JSON body)."""
 
@@ -188,7 +186,7 @@ class Applications(faust.web.View):
         return json_response(answer, status)
 
 
-@app.page(ROUTE_RECORD)
+@route(app, RECORD)
 class Record(faust.web.View):
     """``GET``: a record with its history, answered by the owner of its partition."""
 

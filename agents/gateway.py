@@ -26,7 +26,9 @@ import faust
 import mode
 from aiohttp import web
 
+from app.api import PLAYBACK_EVENTS
 from app.platform.faust.app import get_app
+from app.platform.http.openapi import route
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.playback.gateway.endpoint import ROUTE, PlaybackIngest
@@ -57,7 +59,7 @@ def ingest() -> PlaybackIngest:
     return _ingest
 
 
-@app.page(ROUTE)
+@route(app, PLAYBACK_EVENTS)
 class PlaybackEvents(faust.web.View):
     """``POST /v1/playback/events``: a signed batch of playback reports."""
 

@@ -1,4 +1,4 @@
-"""Ops group: the consumer-lag monitor and the operator console (``/lag``; the DLQ console joins here).
+"""Ops group: the consumer-lag monitor and the operator console (``/lag``, the DLQ console, ``/docs``).
 
 Run with ``avcc worker ops`` (web port ``AVCC_WEB_PORT``, 6066 by default: the local stack's
 console base URL). Every ``AVCC_LAG_INTERVAL_S`` seconds the monitor snapshots every consumer
@@ -14,6 +14,7 @@ import logging
 import faust
 from mode import Service
 
+from app.ops.api_docs import install_api_docs
 from app.ops.dlq.console import install_console
 from app.ops.lag.monitor import LagMonitor
 from app.ops.lag.pages import lag_json, render_lag_html
@@ -85,3 +86,6 @@ async def lag_json_page(self: faust.web.View, request: faust.web.Request) -> fau
 # consumer and RocksDB store (tables/ops.py), plus the console's views. It adds no agents or
 # tables, so this App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
 console = install_console(app, get_settings())
+
+# The partner API document as HTML (app/ops/api_docs.py), behind the operator login.
+install_api_docs(app)

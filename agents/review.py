@@ -15,11 +15,13 @@ from typing import Any
 import faust
 from aiohttp import web
 
+from app.api import DECIDE, TASKS
 from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
 from app.platform.http.auth import require_hmac
+from app.platform.http.openapi import route
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
 from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
@@ -75,11 +77,7 @@ async def review_tasks(stream: Any) -> None:
         await runtime.process(event, handle_review_input, parking=parking)
 
 
-ROUTE_TASKS = "/v1/review/tasks"
-ROUTE_DECISION = "/v1/review/tasks/{avcc_record_id}/decision"
-
-
-@app.page(ROUTE_TASKS)
+@route(app, TASKS)
 class Tasks(faust.web.View):
     """``GET ?status=need_human``: review tasks held by this worker."""
 
@@ -91,7 +89,7 @@ class Tasks(faust.web.View):
         return json_response({"tasks": items, "count": len(items)})
 
 
-@app.page(ROUTE_DECISION)
+@route(app, DECIDE)
 class Decision(faust.web.View):
     """``POST``: a reviewer approves or rejects a ``need_human`` task."""
 

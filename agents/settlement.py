@@ -13,6 +13,7 @@ from typing import Any
 import faust
 from aiohttp import web
 
+from app.api import INSTRUCTION, SUBMIT_INSTRUCTION
 from app.lifecycle.settlement.clearing import (
     InstructionRequest,
     clearing_update,
@@ -22,6 +23,7 @@ from app.lifecycle.settlement.clearing import (
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
 from app.platform.http.auth import require_hmac, signed_json
+from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
@@ -71,11 +73,7 @@ async def track_clearing(stream: Any) -> None:
         await runtime.process(event, handle_confirmed, parking=parking)
 
 
-ROUTE_SUBMIT = "/v1/settlement/instructions"
-ROUTE_STATUS = "/v1/settlement/instructions/{instruction_id}"
-
-
-@app.page(ROUTE_SUBMIT)
+@route(app, SUBMIT_INSTRUCTION)
 class Instructions(faust.web.View):
     """``POST``: submit a settlement instruction for notarisation on the settlement chain."""
 
@@ -94,7 +92,7 @@ class Instructions(faust.web.View):
         return json_response(answer, 202)
 
 
-@app.page(ROUTE_STATUS)
+@route(app, INSTRUCTION)
 class InstructionStatus(faust.web.View):
     """``GET``: clearing status of an instruction (held by this worker's partitions)."""
 

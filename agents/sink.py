@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import faust
 import mode
 from aiohttp import web
 
+from app.api import ANOMALIES, STATS
 from app.platform.faust.app import get_app
 from app.platform.http.auth import require_hmac
+from app.platform.http.openapi import route
 from app.platform.http.responses import json_error
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
@@ -39,9 +41,6 @@ __all__ = [
     "app",
 ]
 
-
-STATS_ROUTE: Final = "/v1/playback/stats"
-ANOMALIES_ROUTE: Final = "/v1/playback/anomalies"
 
 app: faust.App = get_app(GROUP)
 # The sink consumes with its own confluent-kafka consumer; faust's consumer and producer would
@@ -106,7 +105,7 @@ async def _answer(work: Callable[[ClickHouseBackend], Any]) -> web.Response:
     return await answer_report(work, runner.query_backend)
 
 
-@app.page(STATS_ROUTE)
+@route(app, STATS)
 class PlaybackStatsView(faust.web.View):
     """``GET /v1/playback/stats``: exact play/complete/purchase counts, revenue, unique users."""
 
@@ -119,7 +118,7 @@ class PlaybackStatsView(faust.web.View):
         return await _answer(wanted.run)
 
 
-@app.page(ANOMALIES_ROUTE)
+@route(app, ANOMALIES)
 class PlaybackAnomaliesView(faust.web.View):
     """``GET /v1/playback/anomalies``: distinct anomalies, newest window first."""
 

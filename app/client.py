@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from app.api import APPLY, PLAYBACK_EVENTS, RECORD
 from app.platform.http.signing import sign_request
 
 __all__ = [
@@ -43,9 +44,9 @@ __all__ = [
     "retry_after_s",
 ]
 
-APPLICATIONS_PATH: Final = "/v1/avcc/applications"
-PLAYBACK_PATH: Final = "/v1/playback/events"
-RECORD_PATH: Final = "/v1/avcc/records/{avcc_record_id}"
+APPLICATIONS_PATH: Final = APPLY.path
+PLAYBACK_PATH: Final = PLAYBACK_EVENTS.path
+RECORD_PATH: Final = RECORD.path
 #: The gateway's per-item error of an item it did not produce because its queue was full.
 QUEUE_FULL: Final = "producer queue full, retry later"
 _RETRIED: Final = frozenset({429, 503})

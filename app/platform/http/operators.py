@@ -1,7 +1,8 @@
 """Operator login (HTTP Basic) of every page that is neither a signed ``/v1/`` endpoint nor a probe.
 
 Open without a login: routes under ``/v1/`` (each one checks its HMAC signature itself) and the
-machine views :data:`OPEN_ROUTES` (``/health``, ``/ready``, ``/metrics``). Everything else a worker
+machine views :data:`OPEN_ROUTES` (``/health``, ``/ready``, ``/metrics``, and ``/openapi.json``:
+public documentation). Everything else a worker
 serves - the DLQ console, ``/records``, ``/lag``, ``/lag.json``, faust's index, any page added
 later - answers only to an operator of ``settings.effective_operators()``: deny by default, so a
 new page cannot be exposed by forgetting a decorator.
@@ -45,7 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Routes (as registered) every worker serves to machines without a login.
-OPEN_ROUTES: Final = frozenset({"/health", "/ready", "/metrics"})
+OPEN_ROUTES: Final = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
 #: Routes under this prefix are HMAC-signed partner endpoints: they authenticate themselves.
 SIGNED_PREFIX: Final = "/v1/"
 #: ``request[OPERATOR_ATTRIBUTE]`` holds the operator name once the guard let a request in.

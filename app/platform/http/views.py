@@ -2,7 +2,8 @@
 
 ``install_common_views(app, group)`` is called once by every agent-group module. It
 
-* adds ``GET /metrics`` (Prometheus text of :data:`app.platform.metrics.REGISTRY`), ``GET /health``
+* adds ``GET /openapi.json`` (:mod:`app.platform.http.openapi`: the worker's own routes),
+  ``GET /metrics`` (Prometheus text of :data:`app.platform.metrics.REGISTRY`), ``GET /health``
   (liveness: the event loop answers and the app has not crashed) and ``GET /ready`` (readiness:
   200 once the worker has partitions assigned and its tables are recovered; 503 with a JSON
   ``reason`` otherwise; a group without a Kafka consumer, e.g. the HTTP-only gateway, is ready
@@ -35,6 +36,7 @@ from app.ops.watchdog import StallWatchdog, exit_stalled
 from app.platform.faust.app import consumer_group_id
 from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
+from app.platform.http.openapi import install_openapi
 from app.platform.metrics import CONSUMER_LAG, LAG_MONITOR_ERRORS, REGISTRY
 from app.platform.settings import Settings, get_settings
 
@@ -334,6 +336,7 @@ def install_common_views(
     app.page("/metrics", name=f"avcc_{group}_metrics")(metrics)
     app.page("/health", name=f"avcc_{group}_health")(health)
     app.page("/ready", name=f"avcc_{group}_ready")(ready)
+    install_openapi(app, group)
 
     if export_lag:
         config = lag_config if lag_config is not None else LagSettings()

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from app.api import PLAYBACK_EVENTS
 from app.platform.http.auth import NonceCache, RequestRefused, authenticate
 from app.platform.http.nonces import NonceStore
 from app.platform.http.responses import json_error, json_response
@@ -29,7 +30,7 @@ from app.playback.gateway.ingest import (
 
 __all__ = ["ROUTE", "PlaybackIngest"]
 
-ROUTE: Final = "/v1/playback/events"
+ROUTE: Final = PLAYBACK_EVENTS.path
 
 
 class PlaybackIngest:

@@ -1,0 +1,248 @@
+"""Every ``/v1/`` route of the HTTP API, declared once (:class:`~app.platform.http.openapi.Operation`).
+
+The agents mount their views with these declarations (``route(app, APPLY)``), each worker serves
+the document of its own routes at ``/openapi.json``, and ``schemas/openapi.yaml`` merges them all
+for partners (:func:`partner_document`). Bodies and answers are the pydantic models the handlers
+validate with and answer from.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from app.lifecycle.code.records import RecordState
+from app.lifecycle.review.tasks import ReviewTask
+from app.lifecycle.settlement.clearing import Clearing, InstructionRequest
+from app.platform.http.openapi import API_VERSION, Body, Operation, Param, Reply, build_document
+from schemas.application import ApplicationRequest
+from schemas.decision import HumanDecisionRequest
+from schemas.playback import PlaybackEvent
+from schemas.types import IDENTIFIER_PATTERN, MAX_EPOCH_MS
+
+__all__ = [
+    "ANOMALIES",
+    "API_VERSION",
+    "APPLY",
+    "DECIDE",
+    "INSTRUCTION",
+    "OPERATIONS",
+    "PLAYBACK_EVENTS",
+    "RECORD",
+    "STATS",
+    "SUBMIT_INSTRUCTION",
+    "TASKS",
+    "partner_document",
+]
+
+
+_STR: Final = {"type": "string"}
+_INT: Final = {"type": "integer"}
+_RECORD_ID = Param(
+    "avcc_record_id",
+    {"type": "string", "pattern": "^[0-9]{1,19}$"},
+    "Record id (decimal integer).",
+    where="path",
+)
+_EPOCH = {"type": "integer", "minimum": 0, "maximum": MAX_EPOCH_MS}
+_TEXT_PARAM = {"type": "string", "maxLength": 200}
+_RANGE = (
+    Param("from_ms", _EPOCH, "Start of the range, epoch ms (inclusive; default 0)."),
+    Param("to_ms", _EPOCH, "End of the range, epoch ms (exclusive; default: no end)."),
+)
+_DECISION_ACCEPTED: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["avcc_record_id", "status", "event_id"],
+    "properties": {"avcc_record_id": _INT, "status": {"const": "accepted"}, "event_id": _STR},
+}
+
+APPLY = Operation(
+    "POST",
+    "/v1/avcc/applications",
+    "Apply for an AVCC code (idempotent per request_id; one record per content_hash).",
+    (
+        Reply(
+            202,
+            "Submitted (also the answer to a retry with the same request_id).",
+            {
+                "type": "object",
+                "required": ["request_id", "avcc_record_id", "status"],
+                "properties": {"request_id": _STR, "avcc_record_id": _INT, "status": {"const": "submitted"}},
+            },
+        ),
+    ),
+    scope="apply",
+    body=Body(ApplicationRequest),
+    errors=(409,),
+    tag="records",
+)
+RECORD = Operation(
+    "GET",
+    "/v1/avcc/records/{avcc_record_id}",
+    "A record with its history.",
+    (Reply(200, "The record.", RecordState),),
+    scope="records:read",
+    params=(_RECORD_ID,),
+    errors=(404,),
+    tag="records",
+)
+TASKS = Operation(
+    "GET",
+    "/v1/review/tasks",
+    "Review tasks held by the answering worker, oldest first.",
+    (
+        Reply(
+            200,
+            "The tasks.",
+            {
+                "type": "object",
+                "required": ["tasks", "count"],
+                "properties": {"tasks": {"type": "array", "items": ReviewTask}, "count": _INT},
+            },
+        ),
+    ),
+    scope="review:decide",
+    params=(Param("status", {"type": "string", "maxLength": 64}, "Only tasks in this status (need_human)."),),
+    tag="review",
+)
+DECIDE = Operation(
+    "POST",
+    "/v1/review/tasks/{avcc_record_id}/decision",
+    "A reviewer approves or rejects a need_human task.",
+    (Reply(202, "The decision was accepted.", _DECISION_ACCEPTED),),
+    scope="review:decide",
+    params=(_RECORD_ID,),
+    body=Body(HumanDecisionRequest),
+    errors=(404, 409),
+    tag="review",
+)
+SUBMIT_INSTRUCTION = Operation(
+    "POST",
+    "/v1/settlement/instructions",
+    "Submit a settlement instruction for notarisation on the settlement chain.",
+    (
+        Reply(
+            202,
+            "Submitted.",
+            {
+                "type": "object",
+                "required": ["instruction_id", "status", "event_id"],
+                "properties": {"instruction_id": _STR, "status": {"const": "submitted"}, "event_id": _STR},
+            },
+        ),
+    ),
+    scope="settlement",
+    body=Body(InstructionRequest),
+    tag="settlement",
+)
+INSTRUCTION = Operation(
+    "GET",
+    "/v1/settlement/instructions/{instruction_id}",
+    "Clearing status of an instruction.",
+    (Reply(200, "The clearing status.", Clearing),),
+    scope="settlement",
+    params=(
+        Param(
+            "instruction_id",
+            {"type": "string", "minLength": 1, "maxLength": 128, "pattern": IDENTIFIER_PATTERN},
+            "The instruction's id.",
+            where="path",
+        ),
+    ),
+    errors=(404,),
+    tag="settlement",
+)
+PLAYBACK_EVENTS = Operation(
+    "POST",
+    "/v1/playback/events",
+    "A batch of playback reports (a JSON array; NDJSON as application/x-ndjson is also accepted).",
+    (
+        Reply(
+            202,
+            "Valid items were produced; invalid ones are listed by index.",
+            {
+                "type": "object",
+                "required": ["accepted", "rejected", "errors"],
+                "properties": {
+                    "accepted": _INT,
+                    "rejected": _INT,
+                    "errors": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["index", "error"],
+                            "properties": {"index": _INT, "error": _STR},
+                        },
+                    },
+                },
+            },
+        ),
+    ),
+    scope="playback:write",
+    body=Body(PlaybackEvent, array=True),
+    errors=(415, 429),
+    tag="playback",
+)
+STATS = Operation(
+    "GET",
+    "/v1/playback/stats",
+    "Exact play/complete/purchase counts, revenue and unique users of a code (or all).",
+    (
+        Reply(
+            200,
+            "The totals.",
+            {
+                "type": "object",
+                "required": ["plays", "completes", "purchases", "revenue_cny", "unique_users", "events"],
+                "properties": {
+                    "avcc_code": {"type": ["string", "null"]},
+                    "from_ms": _INT,
+                    "to_ms": _INT,
+                    "plays": _INT,
+                    "completes": _INT,
+                    "purchases": _INT,
+                    "revenue_cny": {"type": "string", "pattern": "^-?[0-9]+\\.[0-9]{2}$"},
+                    "unique_users": _INT,
+                    "events": _INT,
+                },
+            },
+        ),
+    ),
+    scope="playback:read",
+    params=(Param("avcc_code", _TEXT_PARAM, "Only this code."), *_RANGE),
+    tag="playback",
+)
+ANOMALIES = Operation(
+    "GET",
+    "/v1/playback/anomalies",
+    "Distinct playback anomalies, newest window first.",
+    (
+        Reply(
+            200,
+            "The anomalies.",
+            {
+                "type": "object",
+                "required": ["anomalies"],
+                "properties": {"anomalies": {"type": "array", "items": {"type": "object"}}},
+            },
+        ),
+    ),
+    scope="playback:read",
+    params=(
+        Param("avcc_code", _TEXT_PARAM, "Only this code."),
+        Param("rule", _TEXT_PARAM, "Only this rule."),
+        *_RANGE,
+        Param("limit", {"type": "integer", "minimum": 1, "maximum": 10_000}, "At most this many (100)."),
+    ),
+    tag="playback",
+)
+
+#: Every partner operation, in the order of the partner document's tags.
+OPERATIONS: Final = (
+    *(APPLY, RECORD, TASKS, DECIDE),
+    *(SUBMIT_INSTRUCTION, INSTRUCTION, PLAYBACK_EVENTS, STATS, ANOMALIES),
+)
+
+
+def partner_document() -> dict[str, Any]:
+    """The merged OpenAPI 3.1 document of every ``/v1/`` route (``schemas/openapi.yaml``)."""
+    return build_document(OPERATIONS, title="AVCC partner API", version=API_VERSION)
