@@ -27,11 +27,11 @@ from app.lifecycle.code.claims import (
     record_id_for,
     sequence_key,
 )
-from app.lifecycle.code.recent import recent_records, render_recent_records
+from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
-from app.platform.http.auth import signed_json
+from app.platform.http.auth import require_hmac, signed_json
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
@@ -216,3 +216,20 @@ class RecentRecordsPage(faust.web.View):
         except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
             return web.Response(status=503, text="rebalancing; retry\n", headers={"Retry-After": "1"})
         return web.Response(text=render_recent_records(recent), content_type="text/html")
+
+
+ROUTE_RECORD_COUNTS = "/v1/avcc/record-counts"
+
+
+@app.page(ROUTE_RECORD_COUNTS)
+class RecordCounts(faust.web.View):
+    """``GET``: records by status among the partitions this worker holds (the console's overview;
+    with several code replicas each answers for its own partitions)."""
+
+    @require_hmac("records:read")
+    async def get(self, request: web.Request) -> web.Response:
+        try:
+            counts, truncated = await status_counts(records.table.values())
+        except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
+            return json_error(503, "rebalancing; retry")
+        return json_response({"counts": counts, "truncated": truncated})
