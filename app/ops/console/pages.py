@@ -74,14 +74,15 @@ def _counts(
     table_id: str, title: str, counts: Mapping[str, int] | None, order: Sequence[str], link: str
 ) -> str:
     if counts is None:
-        return f"<h2>{_e(title)}</h2><p class='flash error' id='{table_id}-error'>unavailable</p>"
+        missing = f"<p class='flash error' id='{table_id}-error'>unavailable</p>"
+        return f"<section><h2>{_e(title)}</h2>{missing}</section>"
     names = [*order, *sorted(k for k in counts if k not in order)]
     cells = "".join(
         f'<tr data-status="{_e(n)}"><td><a href="{link}{_e(n)}">{_e(n)}</a></td>'
         f"<td class='n'>{counts.get(n, 0)}</td></tr>"
         for n in names
     )
-    return f"<h2>{_e(title)}</h2><table id='{table_id}'><tbody>{cells}</tbody></table>"
+    return f"<section><h2>{_e(title)}</h2><table id='{table_id}'><tbody>{cells}</tbody></table></section>"
 
 
 def _anomalies(overview: Overview) -> str:

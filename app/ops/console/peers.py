@@ -55,7 +55,8 @@ class Peers:
                 raw = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise PeerError(f"{group} worker at {url} unreachable: {exc!r}") from exc
+            base = self.config.peer_url(self.settings, group)
+            raise PeerError(f"{group} worker at {base} unreachable ({type(exc).__name__})") from exc
         try:
             return status, orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError as exc:
