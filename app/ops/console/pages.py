@@ -70,15 +70,24 @@ def _topics(history: OffsetHistory) -> str:
     )
 
 
+def _link(href: str | None, text: str) -> str:
+    return f'<a href="{_e(href)}">{_e(text)}</a>' if href else _e(text)
+
+
 def _counts(
-    table_id: str, title: str, counts: Mapping[str, int] | None, order: Sequence[str], link: str
+    table_id: str,
+    title: str,
+    counts: Mapping[str, int] | None,
+    order: Sequence[str],
+    links: Mapping[str, str],
 ) -> str:
+    """A status -> count table; a status with an entry in ``links`` links to that page."""
     if counts is None:
         missing = f"<p class='flash error' id='{table_id}-error'>unavailable</p>"
         return f"<section><h2>{_e(title)}</h2>{missing}</section>"
     names = [*order, *sorted(k for k in counts if k not in order)]
     cells = "".join(
-        f'<tr data-status="{_e(n)}"><td><a href="{link}{_e(n)}">{_e(n)}</a></td>'
+        f'<tr data-status="{_e(n)}"><td>{_link(links.get(n), n)}</td>'
         f"<td class='n'>{counts.get(n, 0)}</td></tr>"
         for n in names
     )
@@ -113,9 +122,10 @@ def overview_html(overview: Overview, user: str) -> str:
         parts.append(groups_table(overview.report, overview.history))
     parts.append(_topics(overview.history))
     parts.append("<div class='cols'>")
-    parts.append(_counts("records", "Records by status", overview.records, RECORD_STATUSES, "/records#"))
-    dlq_link = f"{ROUTE_DLQ}?status="
-    parts.append(_counts("dlq", "Dead letters by status", overview.dlq_counts, DLQ_STATUSES, dlq_link))
+    review = {"need_human": ROUTE_REVIEW}
+    parts.append(_counts("records", "Records by status", overview.records, RECORD_STATUSES, review))
+    dlq_links: dict[str, str] = {s: f"{ROUTE_DLQ}?status={s}" for s in DLQ_STATUSES}
+    parts.append(_counts("dlq", "Dead letters by status", overview.dlq_counts, DLQ_STATUSES, dlq_links))
     parts.append("</div>")
     parts.append(_anomalies(overview))
     return page("Pipeline overview", "".join(parts), user)

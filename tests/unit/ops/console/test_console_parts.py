@@ -6,7 +6,9 @@ from app.ops.console.charts import sparkline
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import Overview, overview_html, workbench_html
 from app.ops.console.rates import OffsetHistory, rate_series
+from app.ops.console.settings import ConsoleSettings
 from app.ops.lag.snapshot import LagSnapshot, PartitionOffsets
+from app.platform.settings import Settings
 
 
 class Clock:
@@ -83,3 +85,16 @@ def test_workbench_forms_carry_token_and_escape_evidence() -> None:
     assert 'action="/review/7/decision"' in text and 'value="123.abc"' in text
     assert "<script>" not in text and "&lt;a&gt;" in text and "sha256:ab" in text
     assert "id='no-tasks'" in workbench_html([], "t", "alice")
+
+
+def test_console_key_and_peer_urls() -> None:
+    dev = Settings(dev_mode=True, web_port=7000)
+    assert ConsoleSettings().signing_key(dev) == ("dev", "dev-secret")
+    assert ConsoleSettings().peer_url(dev, "review") == "http://127.0.0.1:7002"
+    assert (
+        ConsoleSettings(review_url="http://10.0.0.5:6068/").peer_url(dev, "review") == "http://10.0.0.5:6068"
+    )
+    prod = Settings(hmac_keys={"console": "a-long-console-secret-1234"})
+    assert ConsoleSettings().signing_key(prod) is None  # no silent default outside dev mode
+    assert ConsoleSettings(key_id="console").signing_key(prod) == ("console", "a-long-console-secret-1234")
+    assert ConsoleSettings(key_id="missing").signing_key(prod) is None
