@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 import faust
 from aiohttp import web
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 _TASKS = "/v1/review/tasks?status=need_human"
 _COUNTS = "/v1/avcc/record-counts"
 _ANOMALIES = "/v1/playback/anomalies?limit=10"
+_PAST = {"approve": "approved", "reject": "rejected"}
 
 
 class ConsoleHome:
@@ -124,9 +126,8 @@ class ConsoleHome:
             message = answer.get("error", str(answer)) if isinstance(answer, dict) else str(answer)
             return await self._workbench(user, error=f"record {record_id}: {message}", status=409)
         log.info("operator %s decided %s on record %s", user, body["decision"], record_id)
-        return web.Response(
-            status=303, headers={"Location": f"{ROUTE_REVIEW}?done={body['decision']}d+record+{record_id}"}
-        )
+        done = urlencode({"done": f"{_PAST.get(body['decision'], body['decision'])} record {record_id}"})
+        return web.Response(status=303, headers={"Location": f"{ROUTE_REVIEW}?{done}"})
 
     def routes(self) -> list[tuple[str, str, dict[str, Handler]]]:
         """``(name, path, {method: handler})`` of the console's own routes."""
