@@ -27,7 +27,7 @@ from app.lifecycle.code.claims import (
     record_id_for,
     sequence_key,
 )
-from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
+from app.lifecycle.code.recent import RECORD_COUNTS_PATH, recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
@@ -218,10 +218,7 @@ class RecentRecordsPage(faust.web.View):
         return web.Response(text=render_recent_records(recent), content_type="text/html")
 
 
-ROUTE_RECORD_COUNTS = "/v1/avcc/record-counts"
-
-
-@app.page(ROUTE_RECORD_COUNTS)
+@app.page(RECORD_COUNTS_PATH)
 class RecordCounts(faust.web.View):
     """``GET``: records by status among the partitions this worker holds (the console's overview;
     with several code replicas each answers for its own partitions)."""

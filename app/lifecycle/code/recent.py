@@ -22,6 +22,7 @@ import orjson
 from app.lifecycle.code.records import RecordState
 
 __all__ = [
+    "RECORD_COUNTS_PATH",
     "SCAN_LIMIT",
     "SHOWN",
     "RecentRecords",
@@ -30,6 +31,8 @@ __all__ = [
     "status_counts",
 ]
 
+#: The code worker's signed route answering :func:`status_counts` (the console's records by status).
+RECORD_COUNTS_PATH: Final = "/v1/avcc/record-counts"
 #: Rows the page shows.
 SHOWN: Final = 200
 #: Stored values read at most per request.

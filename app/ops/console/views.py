@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 import faust
 from aiohttp import web
 
+from app.lifecycle.code.recent import RECORD_COUNTS_PATH
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import (
     ROUTE_DECIDE,
@@ -38,7 +39,6 @@ __all__ = ["ConsoleHome", "install_home"]
 log = logging.getLogger(__name__)
 
 _TASKS = "/v1/review/tasks?status=need_human"
-_COUNTS = "/v1/avcc/record-counts"
 _ANOMALIES = "/v1/playback/anomalies?limit=10"
 _PAST = {"approve": "approved", "reject": "rejected"}
 
@@ -71,7 +71,7 @@ class ConsoleHome:
         """``GET /``."""
         errors: dict[str, str] = {}
         counts, anomalies = await asyncio.gather(
-            self._peer("code", _COUNTS, errors), self._peer("sink", _ANOMALIES, errors)
+            self._peer("code", RECORD_COUNTS_PATH, errors), self._peer("sink", _ANOMALIES, errors)
         )
         try:
             dlq_counts: Mapping[str, int] | None = self.dlq.store.counts()
