@@ -16,7 +16,7 @@ from typing import Any
 import faust
 from aiohttp import web
 
-from app.api import APPLY, RECORD
+from app.api import APPLY, RECORD, RECORD_COUNTS
 from app.lifecycle.code.claims import (
     CLAIM_TIMEOUT_S,
     Claim,
@@ -28,11 +28,11 @@ from app.lifecycle.code.claims import (
     record_id_for,
     sequence_key,
 )
-from app.lifecycle.code.recent import recent_records, render_recent_records
+from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
-from app.platform.http.auth import signed_json
+from app.platform.http.auth import require_hmac, signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import answer_at_owner, record_request
@@ -214,3 +214,17 @@ class RecentRecordsPage(faust.web.View):
         except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
             return web.Response(status=503, text="rebalancing; retry\n", headers={"Retry-After": "1"})
         return web.Response(text=render_recent_records(recent), content_type="text/html")
+
+
+@route(app, RECORD_COUNTS)
+class RecordCounts(faust.web.View):
+    """``GET``: records by status among the partitions this worker holds (the console's overview;
+    with several code replicas each answers for its own partitions)."""
+
+    @require_hmac("records:read")
+    async def get(self, request: web.Request) -> web.Response:
+        try:
+            counts, truncated = await status_counts(records.table.values())
+        except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
+            return json_error(503, "rebalancing; retry")
+        return json_response({"counts": counts, "truncated": truncated})

@@ -15,6 +15,7 @@ import faust
 from mode import Service
 
 from app.ops.api_docs import install_api_docs
+from app.ops.console.views import install_home
 from app.ops.dlq.console import install_console
 from app.ops.lag.monitor import LagMonitor
 from app.ops.lag.pages import lag_json, render_lag_html
@@ -23,7 +24,7 @@ from app.platform.faust.app import get_app
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 
-__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "lag_monitor"]
+__all__ = ["LAG_CONFIG", "LagMonitorService", "app", "home", "lag_monitor"]
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ class LagMonitorService(Service):
 @app.page("/lag", name="avcc_ops_lag")
 async def lag_page(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
     """HTML table: group, topic, partition, end, committed, lag, status (coloured); auto-refreshes."""
-    report = _monitor[0].last_report if _monitor else None
-    return self.html(render_lag_html(report, refresh_s=LAG_CONFIG.interval_s))
+    monitor = _monitor[0] if _monitor else None
+    report = monitor.last_report if monitor else None
+    history = monitor.history if monitor else None
+    return self.html(render_lag_html(report, refresh_s=LAG_CONFIG.interval_s, history=history))
 
 
 @app.page("/lag.json", name="avcc_ops_lag_json")
@@ -89,3 +92,7 @@ console = install_console(app, get_settings())
 
 # The partner API document as HTML (app/ops/api_docs.py), behind the operator login.
 install_api_docs(app)
+# ----------------------------------------------------------------------------- overview + review
+# The home page (groups, topics, rates, records, DLQ, anomalies) and the human review workbench
+# (app/ops/console): they reach the code, review and sink workers through their signed routes.
+home = install_home(app, console, lambda: _monitor[0] if _monitor else None)

@@ -28,6 +28,7 @@ __all__ = [
     "OPERATIONS",
     "PLAYBACK_EVENTS",
     "RECORD",
+    "RECORD_COUNTS",
     "STATS",
     "SUBMIT_INSTRUCTION",
     "TASKS",
@@ -83,6 +84,29 @@ RECORD = Operation(
     scope="records:read",
     params=(_RECORD_ID,),
     errors=(404,),
+    tag="records",
+)
+RECORD_COUNTS = Operation(
+    "GET",
+    "/v1/avcc/record-counts",
+    "Records by status among the partitions the answering worker holds (the console's overview; "
+    "with several code replicas each answers for its own partitions).",
+    (
+        Reply(
+            200,
+            "Counts by status; truncated when the scan stopped at its bound.",
+            {
+                "type": "object",
+                "required": ["counts", "truncated"],
+                "properties": {
+                    "counts": {"type": "object", "additionalProperties": _INT},
+                    "truncated": {"type": "boolean"},
+                },
+            },
+        ),
+    ),
+    scope="records:read",
+    errors=(503,),
     tag="records",
 )
 TASKS = Operation(
@@ -238,7 +262,7 @@ ANOMALIES = Operation(
 
 #: Every partner operation, in the order of the partner document's tags.
 OPERATIONS: Final = (
-    *(APPLY, RECORD, TASKS, DECIDE),
+    *(APPLY, RECORD, RECORD_COUNTS, TASKS, DECIDE),
     *(SUBMIT_INSTRUCTION, INSTRUCTION, PLAYBACK_EVENTS, STATS, ANOMALIES),
 )
 

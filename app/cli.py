@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import orjson
 
+from app.client_cli import client
 from app.platform.topics import TOPIC_PLAN
 
 __all__ = ["main"]
@@ -219,6 +220,8 @@ def dlq_discard(dlq_id: str, operator: str, reason: str) -> None:
 
     sys.exit(discard_cmd(dlq_id, operator=operator, reason=reason))
 
+
+main.add_command(client)
 
 if __name__ == "__main__":
     main()

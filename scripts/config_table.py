@@ -16,6 +16,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.playback.sink.config", "SinkConfig", "sink group"),
     ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
+    ("app.ops.console.settings", "ConsoleSettings", "console overview and review workbench (ops group)"),
 )
 
 

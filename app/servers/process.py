@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -25,6 +25,7 @@ __all__ = [
     "ServerNotInstalled",
     "ServerStartError",
     "free_port",
+    "free_port_block",
     "port_is_open",
 ]
 
@@ -87,6 +88,19 @@ def free_port(host: str = LOOPBACK) -> int:
                 _handed_out.add(port)
                 return port
     raise RuntimeError(f"could not find a free TCP port on {host}")
+
+
+def free_port_block(offsets: Iterable[int], host: str = LOOPBACK) -> int:
+    """A base port such that ``base + offset`` is free on ``host`` for every offset (a stack
+    whose processes listen at fixed offsets from one port, like ``avcc dev``)."""
+    wanted = sorted(set(offsets))
+    for _ in range(200):
+        base = free_port(host)
+        if all(_bindable(host, base + o) and base + o not in _handed_out for o in wanted if o):
+            with _ports_lock:
+                _handed_out.update(base + o for o in wanted)
+            return base
+    raise RuntimeError(f"could not find {len(wanted)} free TCP ports at fixed offsets on {host}")
 
 
 def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:

@@ -103,8 +103,12 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
                 badge = rows.first.locator("span.s")
                 colour = await badge.evaluate("el => getComputedStyle(el).backgroundColor")
                 assert colour == "rgb(130, 80, 223)"  # STOP is purple
-                lags = [int(await rows.nth(i).locator("td").nth(5).inner_text()) for i in range(6)]
+                # the partitions are folded under the group rows: read their text, not what is shown
+                lags = [int(await rows.nth(i).locator("td").nth(5).text_content() or "") for i in range(6)]
                 assert sum(lags) == 1500
+                summary = page.locator(f"#groups tr[data-group='{group}']")
+                assert await summary.get_attribute("data-status") == "STOP"
+                assert int(await summary.locator("td").nth(2).inner_text()) == 1500
 
                 consumer = Consumer(
                     {

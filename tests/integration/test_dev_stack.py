@@ -20,7 +20,7 @@ import orjson
 
 from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port
+from app.servers.process import free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,9 +88,7 @@ def _listening(pids: set[int]) -> set[tuple[str, int]]:
 
 
 def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
-    base = free_port()
-    while any(not _port_free(base + g.port_offset) for g in GROUPS):
-        base = free_port()
+    base = free_port_block(g.port_offset for g in GROUPS)
     broker_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
     env.update(
@@ -264,14 +262,3 @@ def _check_operator_pages(base: int, record_id: int) -> None:
 def _headers(url: str) -> dict[str, str]:
     with urllib.request.urlopen(url, timeout=5) as response:
         return dict(response.headers.items())
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

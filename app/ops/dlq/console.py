@@ -56,7 +56,14 @@ from app.platform.http.headers import security_headers
 from app.platform.http.operators import OperatorGuard
 from app.platform.settings import Settings, get_settings
 
-__all__ = ["DlqConsole", "console_application", "console_base_url", "install_console"]
+__all__ = [
+    "DlqConsole",
+    "Handler",
+    "console_application",
+    "console_base_url",
+    "faust_view",
+    "install_console",
+]
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +318,7 @@ class DlqConsole:
         ]
 
 
-def _faust_view(name: str, handlers: Mapping[str, Handler]) -> type[Any]:
+def faust_view(name: str, handlers: Mapping[str, Handler]) -> type[Any]:
     """A faust ``View`` class delegating the given methods to aiohttp handlers."""
     attrs: dict[str, Any] = {"__doc__": f"DLQ console view {name}."}
     for method, handler in handlers.items():
@@ -340,7 +347,7 @@ def install_console(
     service = service or install_dlq(app, settings, console_url=console_base_url(settings))
     console = DlqConsole(settings, service=service, guard=getattr(app, "operator_guard", None))
     for name, path, handlers in console.routes():
-        app.page(path, name=name)(_faust_view(name, handlers))
+        app.page(path, name=name)(faust_view(name, handlers))
     return console
 
 

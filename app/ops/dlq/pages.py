@@ -64,6 +64,10 @@ dl.meta{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem}
 dl.meta dt{font-weight:600}
 dl.meta dd{margin:0;word-break:break-all}
 .muted{color:#6b7280}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+.lagstatus{color:#fff;border-radius:3px;padding:0 .4rem;font-weight:600}
+.cols{display:flex;gap:2rem;flex-wrap:wrap}.cols table{width:auto;min-width:16rem}
+li.alert{color:#9b1c1c}form.decide{display:flex;gap:.4rem;flex-wrap:wrap;align-items:center}
 """
 
 
@@ -72,8 +76,9 @@ def page(title: str, body: str, user: str | None = None) -> str:
     who = f'<span class="muted">operator: {_e(user)}</span>' if user else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)} · AVCC DLQ</title><style>{_CSS}</style></head><body>"
-        f'<header><a href="{ROUTE_LIST}">AVCC dead-letter queue</a>{who}</header>'
+        f"<title>{_e(title)} · AVCC console</title><style>{_CSS}</style></head><body>"
+        f'<header><nav><a href="/">AVCC console</a> · <a href="/review">review</a> · '
+        f'<a href="{ROUTE_LIST}">dead-letter queue</a> · <a href="/lag">lag</a></nav>{who}</header>'
         f"<main><h1>{_e(title)}</h1>{body}</main></body></html>"
     )
 

@@ -24,6 +24,7 @@ from app.ops.lag.settings import LagRule
 from app.ops.lag.snapshot import GroupState, PartitionOffsets
 
 __all__ = [
+    "STATUS_COLOURS",
     "STATUS_ORDER",
     "PartitionStatus",
     "RuleState",
@@ -168,3 +169,13 @@ def evaluate_rule(
                     f"lag {lag} > 0 and not shrinking for {rule.not_shrinking_s:g}s",
                 )
     return RuleState(rule, group, topic, False, lag, f"lag {lag}")
+
+
+#: Colour of each status on the console pages.
+STATUS_COLOURS: dict[Status, str] = {
+    "OK": "#1a7f37",
+    "WARN": "#b08800",
+    "STALL": "#d1242f",
+    "STOP": "#8250df",
+    "ERR": "#57606a",
+}

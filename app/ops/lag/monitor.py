@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from app.ops.alerts import AlertSink, default_sinks
+from app.ops.console.rates import OffsetHistory
 from app.ops.lag.evaluation import (
     STATUS_ORDER,
     PartitionStatus,
@@ -208,6 +209,8 @@ class LagMonitor:
         self.config = config if config is not None else LagSettings()
         self.reader = reader if reader is not None else OffsetReader(settings, self.config)
         self.evaluator = LagEvaluator(self.config)
+        #: Offsets over the last minutes: the console's rates and trend charts.
+        self.history = OffsetHistory()
         self.sinks: list[AlertSink] = list(sinks) if sinks is not None else default_sinks(settings)
         self.generator_url = generator_url
         self._exported: set[tuple[str, str, str]] = set()
@@ -222,6 +225,7 @@ class LagMonitor:
         """Take a snapshot, evaluate it, export metrics and send alert events."""
         snapshot = await asyncio.to_thread(self.reader.snapshot)
         report = self.evaluator.observe(snapshot)
+        self.history.add(snapshot)
         self.export(snapshot, report)
         if report.events:
             await self.notify(report.events)

@@ -6,7 +6,9 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from app.ops.lag.evaluation import Status
+from app.ops.console.groups import groups_table
+from app.ops.console.rates import OffsetHistory
+from app.ops.lag.evaluation import STATUS_COLOURS
 from app.ops.lag.lifecycle import iso_time
 from app.ops.lag.monitor import LagEvaluator, LagReport
 from app.ops.lag.reader import OffsetReader
@@ -52,17 +54,11 @@ def format_lag_table(report: LagReport) -> str:
     return "\n".join(out)
 
 
-_COLOURS: dict[Status, str] = {
-    "OK": "#1a7f37",
-    "WARN": "#b08800",
-    "STALL": "#d1242f",
-    "STOP": "#8250df",
-    "ERR": "#57606a",
-}
-
-
-def render_lag_html(report: LagReport | None, *, refresh_s: float = 5.0) -> str:
-    """The ``GET /lag`` page: one row per partition, status in colour, active alerts on top."""
+def render_lag_html(
+    report: LagReport | None, *, refresh_s: float = 5.0, history: OffsetHistory | None = None
+) -> str:
+    """The ``GET /lag`` page: active alerts on top, one row per group (status, total lag, trend
+    chart), then every partition folded below (status in colour)."""
     e = html.escape
     head = (
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -88,7 +84,9 @@ def render_lag_html(report: LagReport | None, *, refresh_s: float = 5.0) -> str:
         )
     for group, message in sorted(report.errors.items()):
         parts.append(f"<div class='alert'>error {e(group)}: {e(message)}</div>")
+    parts.append(groups_table(report, history or OffsetHistory(), link_lag=False))
     parts.append(
+        "<details id='partitions'><summary>Partitions</summary>"
         "<table id='lag'><thead><tr><th>group</th><th>topic</th><th>partition</th><th>end</th>"
         "<th>committed</th><th>lag</th><th>status</th></tr></thead><tbody>"
     )
@@ -99,10 +97,11 @@ def render_lag_html(report: LagReport | None, *, refresh_s: float = 5.0) -> str:
             parts.append(
                 f"<tr data-status='{p.status}'><td>{e(o.group)}</td><td>{e(o.topic)}</td>"
                 f"<td class='n'>{o.partition}</td><td class='n'>{o.end}</td><td class='n'>{committed}</td>"
-                f"<td class='n'>{o.lag}</td><td><span class='s' style='background:{_COLOURS[p.status]}' "
+                f"<td class='n'>{o.lag}</td>"
+                f"<td><span class='s' style='background:{STATUS_COLOURS[p.status]}' "
                 f"title='{e(p.reason)}'>{p.status}</span></td></tr>"
             )
-    parts.append("</tbody></table></body></html>")
+    parts.append("</tbody></table></details></body></html>")
     return "".join(parts)
 
 

@@ -54,6 +54,7 @@ def test_each_operation_is_mounted_by_exactly_one_agent_and_no_v1_route_bypasses
     names = {
         "APPLY",
         "RECORD",
+        "RECORD_COUNTS",
         "TASKS",
         "DECIDE",
         "SUBMIT_INSTRUCTION",

@@ -1,0 +1,175 @@
+"""Console HTML: the overview (home page) and the human review workbench.
+
+Server-rendered, readable without JavaScript; charts are inline SVG (:mod:`app.ops.console.charts`).
+Every value from a worker, a record or a report is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+import orjson
+
+from app.ops.console.charts import sparkline
+from app.ops.console.groups import groups_table, rate_text
+from app.ops.console.rates import OffsetHistory, rate_series
+from app.ops.dlq.entries import STATUSES as DLQ_STATUSES
+from app.ops.dlq.pages import ROUTE_LIST as ROUTE_DLQ
+from app.ops.dlq.pages import page
+from app.ops.lag.monitor import LagReport
+from schemas.types import FinalLevel
+
+__all__ = [
+    "RECORD_STATUSES",
+    "ROUTE_DECIDE",
+    "ROUTE_HOME",
+    "ROUTE_REVIEW",
+    "Overview",
+    "overview_html",
+    "workbench_html",
+]
+
+ROUTE_HOME = "/"
+ROUTE_REVIEW = "/review"
+ROUTE_DECIDE = "/review/{avcc_record_id:\\d+}/decision"
+#: The record statuses the overview always lists (others the code workers report are added).
+RECORD_STATUSES = ("submitted", "need_human", "approved", "issued", "rejected", "chain_failed")
+
+_e = html.escape
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """What the home page shows; a part that could not be fetched carries its error instead."""
+
+    report: LagReport | None
+    history: OffsetHistory
+    dlq_counts: Mapping[str, int] | None
+    records: Mapping[str, int] | None
+    anomalies: Sequence[Mapping[str, Any]] = ()
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
+def _topics(history: OffsetHistory) -> str:
+    rows = []
+    for topic in sorted(history.topic_ends):
+        series = history.topic_ends[topic]
+        rows.append(
+            f'<tr data-topic="{_e(topic)}"><td><a href="{ROUTE_DLQ}?topic={_e(topic)}">{_e(topic)}</a></td>'
+            f"<td class='n'>{int(series[-1][1])}</td><td class='n'>{rate_text(history.rate(series))}</td>"
+            f"<td>{sparkline(rate_series(series), label=f'{topic} events/s')}</td></tr>"
+        )
+    return (
+        "<h2>Topics</h2><table id='topics'><thead><tr><th>topic</th><th>messages</th>"
+        "<th>produced</th><th>events/s, last minutes</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _link(href: str | None, text: str) -> str:
+    return f'<a href="{_e(href)}">{_e(text)}</a>' if href else _e(text)
+
+
+def _counts(
+    table_id: str,
+    title: str,
+    counts: Mapping[str, int] | None,
+    order: Sequence[str],
+    links: Mapping[str, str],
+) -> str:
+    """A status -> count table; a status with an entry in ``links`` links to that page."""
+    if counts is None:
+        missing = f"<p class='flash error' id='{table_id}-error'>unavailable</p>"
+        return f"<section><h2>{_e(title)}</h2>{missing}</section>"
+    names = [*order, *sorted(k for k in counts if k not in order)]
+    cells = "".join(
+        f'<tr data-status="{_e(n)}"><td>{_link(links.get(n), n)}</td>'
+        f"<td class='n'>{counts.get(n, 0)}</td></tr>"
+        for n in names
+    )
+    return f"<section><h2>{_e(title)}</h2><table id='{table_id}'><tbody>{cells}</tbody></table></section>"
+
+
+def _anomalies(overview: Overview) -> str:
+    items = []
+    for state in overview.report.active_alerts if overview.report else ():
+        items.append(
+            f"<li class='alert'><b>{_e(state.rule.name)}</b> [{_e(state.rule.severity)}] "
+            f"{_e(state.group)} / {_e(state.topic)}: {_e(state.reason)}</li>"
+        )
+    for a in overview.anomalies:
+        text = ", ".join(f"{k}={v}" for k, v in a.items() if not isinstance(v, dict | list))
+        items.append(f"<li class='anomaly'>{_e(text)}</li>")
+    body = "".join(items) or "<li class='muted'>none</li>"
+    return f"<h2>Recent anomalies and alerts</h2><ul id='anomalies'>{body}</ul>"
+
+
+def overview_html(overview: Overview, user: str) -> str:
+    """``GET /``: groups and topics with status, lag, rates and charts; records, DLQ, anomalies."""
+    parts = [
+        "<p class='muted'>Charts are drawn on the server (SVG) from the lag monitor's offset history; "
+        "rates are averages over the last minute.</p>"
+    ]
+    for what, message in sorted(overview.errors.items()):
+        parts.append(f"<p class='flash error' data-part='{_e(what)}'>{_e(what)}: {_e(message)}</p>")
+    if overview.report is None:
+        parts.append("<p id='no-snapshot'>No lag snapshot yet; the monitor takes its first one shortly.</p>")
+    else:
+        parts.append(groups_table(overview.report, overview.history))
+    parts.append(_topics(overview.history))
+    parts.append("<div class='cols'>")
+    review = {"need_human": ROUTE_REVIEW}
+    parts.append(_counts("records", "Records by status", overview.records, RECORD_STATUSES, review))
+    dlq_links: dict[str, str] = {s: f"{ROUTE_DLQ}?status={s}" for s in DLQ_STATUSES}
+    parts.append(_counts("dlq", "Dead letters by status", overview.dlq_counts, DLQ_STATUSES, dlq_links))
+    parts.append("</div>")
+    parts.append(_anomalies(overview))
+    return page("Pipeline overview", "".join(parts), user)
+
+
+def _task_row(task: Mapping[str, Any], token: str) -> str:
+    record_id = int(task["avcc_record_id"])
+    report = orjson.dumps(task.get("report", {}), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    levels = "".join(f'<option value="{lv}">{lv}</option>' for lv in get_args(FinalLevel))
+    action = ROUTE_DECIDE.replace("{avcc_record_id:\\d+}", str(record_id))
+    return (
+        f'<tr data-record="{record_id}"><td>{record_id}</td>'
+        f"<td>{_e(str(task.get('applicant_id') or ''))}</td>"
+        f"<td class='n'>{_e(str(task.get('overall_score')))}</td><td>{_e(str(task.get('final_level')))}</td>"
+        f"<td><code>{_e(str(task.get('report_hash')))}</code>"
+        f"<details><summary>report (rule hits, scores)</summary><pre>{_e(report)}</pre></details></td>"
+        f'<td><form method="post" action="{action}" class="decide">'
+        f'<input type="hidden" name="form_token" value="{_e(token)}">'
+        f'<label>level <select name="final_level">{levels}</select></label> '
+        f'<label>reason <input name="reason" required maxlength="500"></label> '
+        '<button name="decision" value="approve" type="submit">Approve</button> '
+        '<button name="decision" value="reject" type="submit">Reject</button></form></td></tr>'
+    )
+
+
+def workbench_html(
+    tasks: Sequence[Mapping[str, Any]] | None, token: str, user: str, *, flash: str = "", error: str = ""
+) -> str:
+    """``GET /review``: every ``need_human`` task with its evidence and an approve/reject form."""
+    parts = []
+    if flash:
+        parts.append(f"<p class='flash' id='flash'>{_e(flash)}</p>")
+    if error:
+        parts.append(f"<p class='flash error' id='error'>{_e(error)}</p>")
+    if tasks is None:
+        parts.append("<p>The review workers could not be asked for tasks.</p>")
+    elif not tasks:
+        parts.append("<p id='no-tasks'>No task waits for a human reviewer.</p>")
+    else:
+        parts.append(
+            f"<p>Decisions are recorded with your name ({_e(user)}) as reviewer.</p>"
+            "<table id='tasks'><thead><tr><th>record</th><th>applicant</th><th>score</th><th>AI level</th>"
+            "<th>evidence</th><th>decision</th></tr></thead><tbody>"
+            + "".join(_task_row(t, token) for t in tasks)
+            + "</tbody></table>"
+        )
+    return page("Human review", "".join(parts), user)

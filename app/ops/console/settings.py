@@ -1,0 +1,52 @@
+"""Console settings (``AVCC_CONSOLE_*``): how the ops worker reaches the review, code and sink workers.
+
+The console never reads another group's table directly: it calls their signed ``/v1/`` routes
+like any partner, with the API key named by ``AVCC_CONSOLE_KEY_ID`` (an entry of
+``AVCC_HMAC_KEYS`` with the scopes ``review:decide``, ``records:read`` and ``playback:read``;
+the shipped ``dev`` key in dev mode). A decision made from the workbench therefore records the
+operator as ``reviewer`` and this key as ``decided_by_key``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.platform.groups import group_spec
+from app.platform.settings import DEV_HMAC_KEYS, Settings
+
+__all__ = ["ConsoleSettings"]
+
+
+class ConsoleSettings(BaseSettings):
+    """Where the console's peers are and which key it signs with."""
+
+    model_config = SettingsConfigDict(env_prefix="AVCC_CONSOLE_", extra="ignore")
+
+    key_id: str = Field(
+        "",
+        description="API key (an `AVCC_HMAC_KEYS` id with scopes review:decide, records:read, "
+        "playback:read) the console signs its calls to other workers with; empty: `dev` in dev mode, "
+        "else the workbench and record counts are unavailable.",
+    )
+    review_url: str = Field("", description="Base URL of a review worker; empty: `AVCC_WEB_HOST` + its port.")
+    code_url: str = Field("", description="Base URL of a code worker; empty: `AVCC_WEB_HOST` + its port.")
+    sink_url: str = Field("", description="Base URL of a sink worker; empty: `AVCC_WEB_HOST` + its port.")
+    peer_timeout_s: float = Field(5.0, description="Time limit of one call to another worker.")
+    form_token_ttl_s: int = Field(3600, description="How long a workbench form's CSRF token stays valid.")
+
+    def peer_url(self, settings: Settings, group: str) -> str:
+        """The configured base URL of ``group``'s worker, or the local stack's default."""
+        configured = {"review": self.review_url, "code": self.code_url, "sink": self.sink_url}.get(group, "")
+        if configured:
+            return configured.rstrip("/")
+        host = settings.web_host if settings.web_host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+        return f"http://{host}:{settings.web_port + group_spec(group).port_offset}"
+
+    def signing_key(self, settings: Settings) -> tuple[str, str] | None:
+        """``(key id, secret)`` the console signs with, or ``None`` when none is configured."""
+        keys = settings.effective_hmac_keys()
+        key_id = self.key_id or (next(iter(DEV_HMAC_KEYS)) if settings.dev_mode else "")
+        if key_id and key_id in keys:
+            return key_id, keys[key_id]
+        return None

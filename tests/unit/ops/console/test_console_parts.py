@@ -1,0 +1,100 @@
+"""Console building blocks: form tokens, SVG charts, offset-history rates, the pages' HTML."""
+
+from __future__ import annotations
+
+from app.ops.console.charts import sparkline
+from app.ops.console.csrf import FormTokens
+from app.ops.console.pages import Overview, overview_html, workbench_html
+from app.ops.console.rates import OffsetHistory, rate_series
+from app.ops.console.settings import ConsoleSettings
+from app.ops.lag.snapshot import LagSnapshot, PartitionOffsets
+from app.platform.settings import Settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_form_token_is_bound_to_operator_and_expires() -> None:
+    clock = Clock()
+    tokens = FormTokens(b"k" * 32, ttl_s=60, clock=clock)
+    token = tokens.issue("alice")
+    assert tokens.valid("alice", token)
+    assert not tokens.valid("mallory", token)
+    assert not tokens.valid("alice", None)
+    assert not tokens.valid("alice", "garbage")
+    stamp, mac = token.split(".")
+    assert not tokens.valid("alice", f"{int(stamp) + 1}.{mac}")
+    assert not FormTokens(b"x" * 32, ttl_s=60, clock=clock).valid("alice", token)
+    clock.now += 61
+    assert not tokens.valid("alice", token)
+
+
+def test_sparkline_scales_points_and_escapes_label() -> None:
+    svg = sparkline([(0, 0), (10, 5), (20, 10)], width=100, height=20, label="<t>")
+    assert svg.startswith("<svg") and "<polyline" in svg
+    assert "0.0,18.0" in svg and "100.0,2.0" in svg
+    assert "&lt;t&gt;" in svg and "<t>" not in svg
+    assert "no data yet" in sparkline([(0, 1)], label="x")
+
+
+def _snapshot(at: float, end: int, committed: int) -> LagSnapshot:
+    parts = tuple(PartitionOffsets("g", "t", p, end, committed) for p in range(2))
+    return LagSnapshot(at, parts)
+
+
+def test_history_gives_produce_and_consume_rates_and_lag_trend() -> None:
+    history = OffsetHistory(horizon_s=100)
+    assert history.rate(history.topic_ends.get("t")) is None
+    history.add(_snapshot(0, 100, 0))
+    history.add(_snapshot(10, 200, 50))
+    history.add(_snapshot(20, 300, 300))
+    assert history.rate(history.topic_ends["t"]) == 20.0  # 2 partitions x 100 per 10 s
+    assert history.rate(history.group_commits["g"]) == 30.0
+    assert [v for _, v in history.group_lags["g"]] == [200.0, 300.0, 0.0]
+    assert rate_series(history.topic_ends["t"]) == [(10, 20.0), (20, 20.0)]
+    history.add(_snapshot(200, 300, 300))
+    assert len(history.topic_ends["t"]) == 1  # older than the horizon: dropped
+
+
+def test_overview_shows_every_record_status_and_unavailable_parts() -> None:
+    overview = Overview(None, OffsetHistory(), {"new": 2}, None, errors={"code": "down <b>"})
+    text = overview_html(overview, "alice")
+    assert "id='records-error'" in text and "down &lt;b&gt;" in text
+    assert '<tr data-status="new">' in text and "id='no-snapshot'" in text
+    overview = Overview(None, OffsetHistory(), None, {"issued": 3, "weird": 1})
+    text = overview_html(overview, "alice")
+    for status in ("submitted", "need_human", "approved", "issued", "rejected", "chain_failed", "weird"):
+        assert f'<tr data-status="{status}">' in text
+
+
+def test_workbench_forms_carry_token_and_escape_evidence() -> None:
+    task = {
+        "avcc_record_id": 7,
+        "applicant_id": "<a>",
+        "overall_score": 0.61,
+        "final_level": "G",
+        "report_hash": "sha256:ab",
+        "report": {"rule_hits": ["<script>"]},
+    }
+    text = workbench_html([task], "123.abc", "alice")
+    assert 'action="/review/7/decision"' in text and 'value="123.abc"' in text
+    assert "<script>" not in text and "&lt;a&gt;" in text and "sha256:ab" in text
+    assert "id='no-tasks'" in workbench_html([], "t", "alice")
+
+
+def test_console_key_and_peer_urls() -> None:
+    dev = Settings(dev_mode=True, web_port=7000)
+    assert ConsoleSettings().signing_key(dev) == ("dev", "dev-secret")
+    assert ConsoleSettings().peer_url(dev, "review") == "http://127.0.0.1:7002"
+    assert (
+        ConsoleSettings(review_url="http://10.0.0.5:6068/").peer_url(dev, "review") == "http://10.0.0.5:6068"
+    )
+    prod = Settings(hmac_keys={"console": "a-long-console-secret-1234"})
+    assert ConsoleSettings().signing_key(prod) is None  # no silent default outside dev mode
+    assert ConsoleSettings(key_id="console").signing_key(prod) == ("console", "a-long-console-secret-1234")
+    assert ConsoleSettings(key_id="missing").signing_key(prod) is None
