@@ -163,8 +163,15 @@ def stack_broker(request: pytest.FixtureRequest) -> Any:
     return server
 
 
+@pytest.fixture
+def core_stack(session_core_stack: Stack) -> Stack:
+    """The session's core workers, each ready (earlier tests restart brokers and kill workers)."""
+    session_core_stack.wait_all_ready()
+    return session_core_stack
+
+
 @pytest.fixture(scope="session")
-def core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def session_core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """code, review, chain and settlement workers on one broker, for the whole session."""
     root = tmp_path_factory.mktemp("core-stack")
     settings = Settings(kafka_url=f"kafka://{stack_broker.bootstrap}")

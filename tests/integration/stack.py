@@ -98,6 +98,23 @@ class Stack:
         for group in groups:
             self.worker(group, index).wait_ready()
 
+    def wait_all_ready(self, timeout: float = 150.0) -> None:
+        """Wait until every running worker answers ``/ready`` (after another test restarted the
+        broker or the supervisor restarted a worker)."""
+        deadline = time.monotonic() + timeout
+        for (group, index), process in self.workers.items():
+            if (group, index) in self.stopped:
+                continue
+            while True:
+                try:
+                    if _ready(self.host(index), self.ports[(group, index)]):
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{group}-{index} not ready within {timeout}s\n{process.log_tail()}")
+                time.sleep(0.5)
+
     def url(self, group: str, index: int = 0) -> str:
         """Base URL of a worker's web server."""
         return f"http://{self.host(index)}:{self.ports[(group, index)]}"
