@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from app.dev_chain import DevChain, dev_chain_port, start_dev_chain
 from app.platform.groups import GROUPS, GroupSpec
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings, get_settings
-from app.dev_chain import DevChain, start_dev_chain
 from app.servers.tansu import TansuBroker
 
 __all__ = ["run_dev_stack"]
@@ -91,7 +91,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             broker.start()
             log.info("embedded Tansu broker on %s", broker.bootstrap)
         if chain == "evm":
-            dev_chain = start_dev_chain(data_dir)
+            dev_chain = start_dev_chain(data_dir, dev_chain_port(settings))
             log.info("ganache dev chain on %s, AvccRegistry at %s", dev_chain.node.url, dev_chain.env)
         report = apply_plan(settings)
         for name in report.created:

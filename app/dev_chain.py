@@ -10,10 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlparse
 
+from app.platform.errors import ConfigurationError
+from app.platform.settings import Settings
 from app.servers.ganache import GanacheNode
+from app.servers.process import LOOPBACK
 
-__all__ = ["DEV_CHAIN_PORT", "DevChain", "start_dev_chain"]
+__all__ = ["DEV_CHAIN_PORT", "DevChain", "dev_chain_port", "start_dev_chain"]
 
 #: Loopback port of the dev chain's JSON-RPC endpoint.
 DEV_CHAIN_PORT: Final = 18545
@@ -29,6 +33,18 @@ class DevChain:
     def stop(self) -> None:
         """Stop ganache (the chain is kept on disk)."""
         self.node.stop()
+
+
+def dev_chain_port(settings: Settings) -> int:
+    """Where the dev chain listens: the port of a loopback ``AVCC_CHAIN_URL``, else 18545."""
+    if settings.chain_url.startswith("local:"):
+        return DEV_CHAIN_PORT
+    parsed = urlparse(settings.chain_url)
+    if parsed.hostname not in {LOOPBACK, "localhost"} or parsed.port is None:
+        raise ConfigurationError(
+            f"avcc dev --chain evm runs its node on loopback; AVCC_CHAIN_URL={settings.chain_url!r} is not"
+        )
+    return parsed.port
 
 
 def start_dev_chain(data_dir: Path, port: int = DEV_CHAIN_PORT) -> DevChain:
