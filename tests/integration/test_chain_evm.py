@@ -7,6 +7,7 @@ check reads the chain itself (receipts, contract state, registration events).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -31,7 +32,8 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ, TOPIC_PLAN
-from app.servers.process import free_port
+from app.servers.process import ServerNotInstalled, free_port
+from app.servers.tansu import TansuBroker
 from tests.integration.conftest import EvmChain
 from tests.integration.stack import ROOT, Stack, application, record_when, wait_for
 
@@ -86,12 +88,24 @@ def registry(evm_chain: EvmChain) -> Registry:
 
 
 @pytest.fixture(scope="module")
+def evm_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
+    """A Tansu broker of this module alone: the session's core stack uses the same group ids."""
+    broker = TansuBroker(tmp_path_factory.mktemp("evm-tansu"), die_with_parent=True)
+    try:
+        broker.start()
+    except ServerNotInstalled as exc:
+        pytest.fail(f"tansu cannot start: {exc}", pytrace=False)
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="module")
 def evm_stack(
-    tansu_broker: Any, evm_chain: EvmChain, registry: Registry, tmp_path_factory: pytest.TempPathFactory
+    evm_broker: TansuBroker, evm_chain: EvmChain, registry: Registry, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     """code, review, chain (EVM backend) and retry workers on Tansu; retries outlast a 20 s outage."""
     root = tmp_path_factory.mktemp("evm-stack")
-    apply_plan(Settings(kafka_url=f"kafka://{tansu_broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    apply_plan(Settings(kafka_url=f"kafka://{evm_broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     env = {
         "AVCC_CHAIN_URL": evm_chain.node.url,
         "AVCC_CHAIN_CONTRACT": registry.address,
@@ -99,7 +113,7 @@ def evm_stack(
         "AVCC_RETRY_BACKOFF_S": "[1, 2, 4, 8]",
         "AVCC_WORKER_STALL_S": "45",
     }
-    stack = Stack(tansu_broker.bootstrap, root, env=env)
+    stack = Stack(evm_broker.bootstrap, root, env=env)
     stack.start(*GROUPS)
     stack.supervise()
     yield stack
@@ -228,33 +242,31 @@ async def test_node_stopped_for_20s_during_submission_records_wait_then_complete
     print(f"\nnode down {outage:.1f}s; {registered_during} of 20 registered before, all 20 after")
 
 
-def test_chain_verify_rereads_every_registration(
-    evm_stack: Stack, evm_chain: EvmChain, registry: Registry
-) -> None:
+async def test_chain_verify_rereads_every_registration(evm_stack: Stack, registry: Registry) -> None:
+    ids = await _apply(evm_stack, 20)
+    for rid in ids:
+        await record_when(evm_stack, rid, lambda r: r.get("avcc_code"), wait_s=120)
     env = {**evm_stack.env, "AVCC_DATA_DIR": str(evm_stack.root / "verify")}
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "chain", "verify"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [sys.executable, "-m", "app", "chain", "verify"]
+    run = functools.partial(subprocess.run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = await asyncio.to_thread(run, argv)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("chain OK:"), result.stdout
+    checked = int(result.stdout.split("chain OK: ", 1)[1].split(" records", 1)[0])
+    assert checked >= 20 and checked == registry.work_count() - 1  # minus the direct registration test's
 
 
-def test_avcc_dev_chain_evm_runs_the_lifecycle(tmp_path: Path, tansu_broker: Any) -> None:
+def test_avcc_dev_chain_evm_runs_the_lifecycle(tmp_path: Path) -> None:
     """`avcc dev --chain evm` starts ganache, deploys the registry and the code lands on chain."""
     from app.platform.http.auth import sign_request
     from app.servers.ganache import rpc_call
     from tests.integration.test_dev_stack import _descendants, _get, _post
 
-    base, chain_port = free_port(), free_port()
+    base, chain_port, broker_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
     env.update(
         {
-            "AVCC_KAFKA_URL": f"kafka://{tansu_broker.bootstrap}",
+            "AVCC_KAFKA_URL": f"kafka://127.0.0.1:{broker_port}",
             "AVCC_WEB_PORT": str(base),
             "AVCC_DATA_DIR": str(tmp_path / "var"),
             "AVCC_CHAIN_URL": f"http://127.0.0.1:{chain_port}",
@@ -269,7 +281,6 @@ def test_avcc_dev_chain_evm_runs_the_lifecycle(tmp_path: Path, tansu_broker: Any
             "dev",
             "--chain",
             "evm",
-            "--no-broker",
             "--groups",
             "code,review,chain",
         ],

@@ -2,8 +2,9 @@
 
 ``avcc chain verify`` with ``AVCC_CHAIN_URL=http(s)://...`` reads what chain-svc announced
 (``chain.tx.confirmed`` evidence receipts and, for their content hashes, ``chain.tx.pending``)
-and checks each record against the contract: registered, by the announced transaction, in the
-announced block, with the announced content hash, exactly once.
+and checks each record whose ``crd_address`` is the configured contract against it: registered,
+by the announced transaction, in the announced block, with the announced content hash, exactly
+once. Receipts naming another chain (the local ledger before a switch) are counted, not checked.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class EvmVerifyResult:
     records: int
     registrations: int
     problems: list[str] = field(default_factory=list)
+    other_chains: int = 0
 
     @property
     def ok(self) -> bool:
@@ -74,6 +76,8 @@ class EvmVerifyResult:
     def summary(self) -> str:
         """One line for humans (plus the first problems)."""
         head = f"{self.records} records, {self.registrations} registrations on chain"
+        if self.other_chains:
+            head += f" ({self.other_chains} records of other chains not checked)"
         if self.ok:
             return f"chain OK: {head}"
         shown = "\n  ".join(self.problems[:20])
@@ -177,9 +181,13 @@ async def read_registrations(
 def verify_evm(settings: Settings) -> EvmVerifyResult:
     """Re-read every announced record's registration from the contract and compare."""
     contract = require_contract(settings)
-    records = read_notarised(settings)
+    announced = read_notarised(settings)
+    # receipts of another backend (the local ledger before a switch, another contract) are
+    # not this contract's to check
+    records = {rid: r for rid, r in announced.items() if r.crd_address.lower() == contract.lower()}
     works, events = asyncio.run(read_registrations(settings.chain_url, contract, sorted(records)))
-    return EvmVerifyResult(len(records), events, compare(records, works, contract))
+    problems = compare(records, works, contract)
+    return EvmVerifyResult(len(records), events, problems, len(announced) - len(records))
 
 
 def verify_evm_cli(settings: Settings) -> int:
