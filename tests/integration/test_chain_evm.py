@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from eth_account import Account
 from web3 import Web3
 from web3.exceptions import ContractCustomError
@@ -36,6 +33,7 @@ from app.servers.process import ServerNotInstalled, free_port
 from app.servers.tansu import TansuBroker
 from tests.integration.conftest import EvmChain
 from tests.integration.stack import ROOT, Stack, application, record_when, wait_for
+from tests.integration.test_lifecycle import _read_all
 
 GROUPS = ("code", "review", "chain", "retry")
 
@@ -200,22 +198,9 @@ async def test_hundred_applications_register_exactly_once_through_a_chain_worker
 
 
 def _dead_letters(bootstrap: str, record_ids: set[int]) -> list[Any]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"dlq-{uuid.uuid4().hex}", "enable.auto.commit": False}
-    )
-    found: list[Any] = []
-    try:
-        parts = consumer.list_topics(DLQ.name, timeout=10).topics[DLQ.name].partitions
-        consumer.assign([TopicPartition(DLQ.name, p, 0) for p in parts])
-        idle = time.monotonic()
-        while time.monotonic() - idle < 3:
-            for message in consumer.consume(1000, timeout=0.3):
-                idle = time.monotonic()
-                if message.error() is None and message.key() in {str(i).encode() for i in record_ids}:
-                    found.append(message)
-    finally:
-        consumer.close()
-    return found
+    """Messages of ``record_ids`` in the DLQ topic."""
+    keys = {str(i).encode() for i in record_ids}
+    return [m for m in _read_all(bootstrap, [DLQ.name]) if m.key() in keys]
 
 
 async def test_node_stopped_for_20s_during_submission_records_wait_then_complete(
@@ -260,7 +245,7 @@ def test_avcc_dev_chain_evm_runs_the_lifecycle(tmp_path: Path) -> None:
     """`avcc dev --chain evm` starts ganache, deploys the registry and the code lands on chain."""
     from app.platform.http.auth import sign_request
     from app.servers.ganache import rpc_call
-    from tests.integration.test_dev_stack import _descendants, _get, _post
+    from tests.integration.test_dev_stack import _get, _post, assert_none_left, terminate
 
     base, chain_port, broker_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
@@ -321,14 +306,6 @@ def test_avcc_dev_chain_evm_runs_the_lifecycle(tmp_path: Path) -> None:
         address = (tmp_path / "var" / "chain" / "contract-address").read_text().strip()
         assert record["crd_address"] == address and receipt["to"] == address.lower()
     finally:
-        children = _descendants(dev.pid)
-        dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-            raise
+        children = terminate(dev)
     assert dev.returncode == 0, log.read_text()[-3000:]
-    time.sleep(1)
-    left = {pid for pid in children if Path(f"/proc/{pid}").exists()}
-    assert not left, f"processes left behind after SIGTERM: {left}"
+    assert_none_left(children)

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import WriteBatch, WriteOptions
 
 from app.lifecycle.chain.blocks import Receipt, canonical_json
-from app.platform.errors import DependencyUnavailable, LockConflict
+from app.lifecycle.chain.ledger import open_store
 
 __all__ = ["SentTx", "TxJournal"]
 
@@ -46,15 +46,7 @@ class TxJournal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        try:
-            self._db = Rdict(str(path), options)
-        except Exception as exc:
-            if "lock" in str(exc).lower():
-                raise LockConflict(f"chain journal {path} is open by another writer: {exc}") from exc
-            raise DependencyUnavailable(f"cannot open chain journal {path}: {exc}") from exc
+        self._db = open_store(path, "chain journal")
         self._sync = WriteOptions()
         self._sync.sync = True
 
