@@ -46,6 +46,8 @@ def rpc_call(url: str, method: str, params: Sequence[object] = (), timeout: floa
 class GanacheNode(ManagedServer):
     """A ganache 7 node on ``127.0.0.1`` mining each transaction at once (instamine).
 
+    ``instamine="eager"`` answers ``eth_sendRawTransaction`` once the block is mined, ``"strict"``
+    at once (so ``miner_stop`` can hold transactions pending, like a congested chain).
     ``funded_keys`` (hex private keys) get 1000 ether at genesis. The chain lives in
     ``data_dir/db`` and survives restarts; its log goes to ``data_dir/ganache.log``.
     """
@@ -59,6 +61,7 @@ class GanacheNode(ManagedServer):
         *,
         funded_keys: Sequence[str] = (),
         chain_id: int = DEV_CHAIN_ID,
+        instamine: str = "eager",
         tools_dir: Path = CHAIN_TOOLS_DIR,
         ready_timeout: float = 60.0,
         stop_timeout: float = 10.0,
@@ -70,6 +73,7 @@ class GanacheNode(ManagedServer):
         self.port = port if port is not None else free_port()
         self.funded_keys = list(funded_keys)
         self.chain_id = chain_id
+        self.instamine = instamine
         self.tools_dir = tools_dir
 
     @property
@@ -95,6 +99,8 @@ class GanacheNode(ManagedServer):
             str(self.chain_id),
             "--database.dbPath",
             str(self.data_dir / "db"),
+            "--miner.instamine",
+            self.instamine,
             "--logging.quiet",
         ]
         for key in self.funded_keys:

@@ -133,6 +133,10 @@ class EvmBackend:
         """Address of the signing key."""
         return ChecksumAddress(self._account.address)
 
+    def in_flight(self, idempotency_key: str) -> SentTx | None:
+        """The signed versions of a key's transaction not confirmed yet, or ``None``."""
+        return self._journal.sent(idempotency_key)
+
     def receipt(self, idempotency_key: str) -> Receipt | None:
         """The confirmed receipt of ``idempotency_key`` this backend recorded, or ``None``."""
         return self._journal.confirmed(idempotency_key)
@@ -213,26 +217,34 @@ class EvmBackend:
                 f"content hash of record {tx.avcc_record_id} is registered on chain to record {holder}"
             )
 
-    async def _signed(self, call: RegistryCall, nonce: int, gas_price: int) -> tuple[str, str]:
-        """``(tx_hash, raw hex)`` of ``call`` signed with ``nonce`` and ``gas_price``."""
+    async def _signed(
+        self, call: RegistryCall, nonce: int, gas_price: int, gas: int | None = None
+    ) -> tuple[str, str, int]:
+        """``(tx_hash, raw hex, gas limit)`` of ``call`` signed with ``nonce`` and ``gas_price``.
+
+        Without ``gas`` the limit is estimated (which also reveals a revert before sending); a
+        replacement reuses its original's limit, since the estimate would run against a pending
+        state that already holds the original.
+        """
         function = getattr(self._contract.functions, call.function)(*call.args)
-        try:
-            gas = await function.estimate_gas({"from": self.sender})
-        except ContractLogicError as exc:
-            raise self._reverted(exc) from exc
+        if gas is None:
+            try:
+                gas = int(await function.estimate_gas({"from": self.sender}) * _GAS_HEADROOM)
+            except ContractLogicError as exc:
+                raise self._reverted(exc) from exc
         if self._chain_id is None:
             self._chain_id = await self._w3.eth.chain_id
         fields = await function.build_transaction(
             {
                 "from": self.sender,
                 "nonce": nonce,
-                "gas": int(gas * _GAS_HEADROOM),
+                "gas": gas,
                 "gasPrice": gas_price,
                 "chainId": self._chain_id,
             }
         )
         signed = self._account.sign_transaction(fields)
-        return signed.hash.to_0x_hex(), signed.raw_transaction.to_0x_hex()
+        return signed.hash.to_0x_hex(), signed.raw_transaction.to_0x_hex(), gas
 
     async def _send_new(self, key: str, call: RegistryCall) -> SentTx | None:
         """Sign, journal and send a new transaction; ``None`` if the contract says it is registered."""
@@ -242,12 +254,12 @@ class EvmBackend:
             nonce = self._next_nonce
             gas_price = await self._w3.eth.gas_price
             try:
-                tx_hash, raw = await self._signed(call, nonce, gas_price)
+                tx_hash, raw, gas = await self._signed(call, nonce, gas_price)
             except ChainTransactionFailed as exc:
                 if str(exc).split(":", 1)[0] in _ALREADY:
                     return None
                 raise
-            sent = SentTx(nonce, gas_price, raw, [tx_hash])
+            sent = SentTx(nonce, gas_price, gas, raw, [tx_hash])
             self._journal.record_sent(key, sent)
             try:
                 await self._w3.eth.send_raw_transaction(HexStr(raw))
@@ -299,7 +311,7 @@ class EvmBackend:
         """Re-sign with the same nonce and a higher gas price (not mined in time)."""
         async with self._nonce_lock:
             price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
-            tx_hash, raw = await self._signed(call, sent.nonce, price)
+            tx_hash, raw, _ = await self._signed(call, sent.nonce, price, sent.gas)
             replaced = sent.replaced(tx_hash, raw, price)
             self._journal.record_sent(key, replaced)
         await self._broadcast(raw)
@@ -314,13 +326,18 @@ class EvmBackend:
             await asyncio.sleep(self.poll_s)
 
     def _reverted(self, exc: ContractLogicError) -> ChainTransactionFailed:
-        data = exc.data if isinstance(exc.data, str) else ""
-        name = self._errors.get(data[:10], "") if data else ""
-        return ChainTransactionFailed(f"{name}: reverted" if name else f"reverted: {exc}")
+        """A revert, named after the contract's custom error when its selector is in the answer
+        (nodes put the revert data in different places: ``data`` itself or ``data.result``)."""
+        text = f"{exc.data} {exc}"
+        names = [name for selector, name in self._errors.items() if selector in text]
+        return ChainTransactionFailed(f"{names[0]}: reverted" if names else f"reverted: {exc}")
 
     def _not_mined(self, key: str, mined: Any) -> ChainTransactionFailed:
         if mined is None:
-            return ChainTransactionFailed(f"{key}: nonce taken by another transaction; sending anew")
+            return ChainTransactionFailed(
+                f"{key}: not registered yet; its nonce went to another transaction or another "
+                "transaction registering it is pending"
+            )
         self._journal.forget_sent(key)
         tx_hash = mined["transactionHash"].to_0x_hex()
         return ChainTransactionFailed(f"{key}: transaction {tx_hash} reverted (gas used {mined['gasUsed']})")

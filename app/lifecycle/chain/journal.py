@@ -33,12 +33,13 @@ class SentTx:
 
     nonce: int
     gas_price: int
+    gas: int
     raw: str
     hashes: list[str] = field(default_factory=list)
 
     def replaced(self, tx_hash: str, raw: str, gas_price: int) -> SentTx:
-        """The entry after signing a replacement (same nonce, higher gas price)."""
-        return SentTx(self.nonce, gas_price, raw, [*self.hashes, tx_hash])
+        """The entry after signing a replacement (same nonce and gas limit, higher gas price)."""
+        return SentTx(self.nonce, gas_price, self.gas, raw, [*self.hashes, tx_hash])
 
 
 class TxJournal:
