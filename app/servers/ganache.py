@@ -47,7 +47,8 @@ class GanacheNode(ManagedServer):
     """A ganache 7 node on ``127.0.0.1`` mining each transaction at once (instamine).
 
     ``instamine="eager"`` answers ``eth_sendRawTransaction`` once the block is mined, ``"strict"``
-    at once (so ``miner_stop`` can hold transactions pending, like a congested chain).
+    at once (so ``miner_stop`` can hold transactions pending, like a congested chain). A
+    ``block_time_s`` above 0 mines a block every that many seconds instead, like a real chain.
     ``funded_keys`` (hex private keys) get 1000 ether at genesis. The chain lives in
     ``data_dir/db`` and survives restarts; its log goes to ``data_dir/ganache.log``.
     """
@@ -62,6 +63,7 @@ class GanacheNode(ManagedServer):
         funded_keys: Sequence[str] = (),
         chain_id: int = DEV_CHAIN_ID,
         instamine: str = "eager",
+        block_time_s: float = 0.0,
         tools_dir: Path = CHAIN_TOOLS_DIR,
         ready_timeout: float = 60.0,
         stop_timeout: float = 10.0,
@@ -74,6 +76,7 @@ class GanacheNode(ManagedServer):
         self.funded_keys = list(funded_keys)
         self.chain_id = chain_id
         self.instamine = instamine
+        self.block_time_s = block_time_s
         self.tools_dir = tools_dir
 
     @property
@@ -101,6 +104,8 @@ class GanacheNode(ManagedServer):
             str(self.data_dir / "db"),
             "--miner.instamine",
             self.instamine,
+            "--miner.blockTime",
+            f"{self.block_time_s:g}",
             "--logging.quiet",
         ]
         for key in self.funded_keys:

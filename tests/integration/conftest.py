@@ -109,11 +109,15 @@ class EvmChain:
 
 @pytest.fixture(scope="session")
 def evm_chain(servers_dir: Path) -> Iterator[EvmChain]:
-    """A ganache EVM node (persistent db: a restart keeps the chain) with one funded signing key."""
+    """A ganache EVM node mining a block a second, like a real chain (transactions wait in its
+    mempool), with a persistent db (a restart keeps the chain) and one funded signing key."""
     key_file = servers_dir / "ganache-signer.key"
     key = create_key_file(key_file)
     node = _launch(
-        "ganache", lambda: GanacheNode(servers_dir / "ganache", funded_keys=[key], die_with_parent=True)
+        "ganache",
+        lambda: GanacheNode(
+            servers_dir / "ganache", funded_keys=[key], block_time_s=1.0, die_with_parent=True
+        ),
     )
     yield EvmChain(node, key, key_file)
     _shutdown("ganache", node)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -52,6 +53,8 @@ from app.platform.errors import (
 from app.platform.settings import Settings
 
 __all__ = ["NODE_ERRORS", "EvmBackend", "custom_error_names", "event_topic"]
+
+log = logging.getLogger(__name__)
 
 #: What a JSON-RPC call raises when the node cannot be reached.
 NODE_ERRORS: tuple[type[BaseException], ...] = (
@@ -112,6 +115,8 @@ class EvmBackend:
         self._next_nonce: int | None = None
         self._chain_id: int | None = None
         self._key_locks: dict[str, asyncio.Lock] = {}
+        self._head_lock = asyncio.Lock()
+        self._head = -1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EvmBackend:
@@ -217,23 +222,22 @@ class EvmBackend:
                 f"content hash of record {tx.avcc_record_id} is registered on chain to record {holder}"
             )
 
-    async def _signed(
-        self, call: RegistryCall, nonce: int, gas_price: int, gas: int | None = None
-    ) -> tuple[str, str, int]:
-        """``(tx_hash, raw hex, gas limit)`` of ``call`` signed with ``nonce`` and ``gas_price``.
+    async def _estimate(self, call: RegistryCall) -> int:
+        """Gas limit for ``call`` (estimate plus head room); a revert shows here, before sending.
 
-        Without ``gas`` the limit is estimated (which also reveals a revert before sending); a
-        replacement reuses its original's limit, since the estimate would run against a pending
-        state that already holds the original.
+        Runs outside the nonce lock: some nodes answer estimates only with the next block.
         """
         function = getattr(self._contract.functions, call.function)(*call.args)
-        if gas is None:
-            try:
-                gas = int(await function.estimate_gas({"from": self.sender}) * _GAS_HEADROOM)
-            except ContractLogicError as exc:
-                raise self._reverted(exc) from exc
+        try:
+            return int(await function.estimate_gas({"from": self.sender}) * _GAS_HEADROOM)
+        except ContractLogicError as exc:
+            raise self._reverted(exc) from exc
+
+    async def _signed(self, call: RegistryCall, nonce: int, gas_price: int, gas: int) -> tuple[str, str]:
+        """``(tx_hash, raw hex)`` of ``call`` signed with ``nonce``, ``gas_price`` and limit ``gas``."""
         if self._chain_id is None:
             self._chain_id = await self._w3.eth.chain_id
+        function = getattr(self._contract.functions, call.function)(*call.args)
         fields = await function.build_transaction(
             {
                 "from": self.sender,
@@ -244,21 +248,22 @@ class EvmBackend:
             }
         )
         signed = self._account.sign_transaction(fields)
-        return signed.hash.to_0x_hex(), signed.raw_transaction.to_0x_hex(), gas
+        return signed.hash.to_0x_hex(), signed.raw_transaction.to_0x_hex()
 
     async def _send_new(self, key: str, call: RegistryCall) -> SentTx | None:
         """Sign, journal and send a new transaction; ``None`` if the contract says it is registered."""
+        try:
+            gas = await self._estimate(call)
+        except ChainTransactionFailed as exc:
+            if str(exc).split(":", 1)[0] in _ALREADY:
+                return None
+            raise
         async with self._nonce_lock:
             if self._next_nonce is None:
                 self._next_nonce = await self._w3.eth.get_transaction_count(self.sender, "pending")
             nonce = self._next_nonce
             gas_price = await self._w3.eth.gas_price
-            try:
-                tx_hash, raw, gas = await self._signed(call, nonce, gas_price)
-            except ChainTransactionFailed as exc:
-                if str(exc).split(":", 1)[0] in _ALREADY:
-                    return None
-                raise
+            tx_hash, raw = await self._signed(call, nonce, gas_price, gas)
             sent = SentTx(nonce, gas_price, gas, raw, [tx_hash])
             self._journal.record_sent(key, sent)
             try:
@@ -271,11 +276,13 @@ class EvmBackend:
                 self._next_nonce = None  # the node may or may not have it: resync
                 raise
             self._next_nonce = nonce + 1
+            log.debug("sent %s for %s (nonce %d)", tx_hash, key, nonce)
             return sent
 
     async def _await_mined(self, key: str, sent: SentTx, call: RegistryCall) -> Any:
         """The receipt of any version of ``sent``; ``None`` if its nonce went to another transaction."""
         deadline = time.monotonic() + self.tx_timeout_s
+        head = -1
         while True:
             taken = await self._w3.eth.get_transaction_count(self.sender, "latest") > sent.nonce
             for tx_hash in sent.hashes:
@@ -287,11 +294,13 @@ class EvmBackend:
                 self._journal.forget_sent(key)
                 return None
             if not await self._known(sent):
+                log.info("rebroadcasting %s for %s: the node does not know it", sent.hashes[-1], key)
                 await self._broadcast(sent.raw)  # the node restarted without its mempool
             elif time.monotonic() > deadline:
+                log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
                 sent = await self._replace(key, sent, call)
                 deadline = time.monotonic() + self.tx_timeout_s
-            await asyncio.sleep(self.poll_s)
+            head = await self._head_after(head, deadline)
 
     async def _known(self, sent: SentTx) -> bool:
         for tx_hash in sent.hashes:
@@ -311,19 +320,33 @@ class EvmBackend:
         """Re-sign with the same nonce and a higher gas price (not mined in time)."""
         async with self._nonce_lock:
             price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
-            tx_hash, raw, _ = await self._signed(call, sent.nonce, price, sent.gas)
+            tx_hash, raw = await self._signed(call, sent.nonce, price, sent.gas)
             replaced = sent.replaced(tx_hash, raw, price)
             self._journal.record_sent(key, replaced)
         await self._broadcast(raw)
         return replaced
 
+    async def _head_after(self, seen: int, until: float) -> int:
+        """The chain head once it passes ``seen`` (or at ``until``).
+
+        One coroutine polls ``eth_blockNumber`` for all waiters (the others wait on the lock and
+        then read the cached head), so a hundred transactions in flight cost one poll, not a
+        hundred, per interval.
+        """
+        async with self._head_lock:
+            while self._head <= seen and time.monotonic() < until:
+                self._head = await self._w3.eth.block_number
+                if self._head <= seen:
+                    await asyncio.sleep(self.poll_s)
+            return self._head
+
     async def _await_confirmations(self, height: int) -> None:
         target = height + self.confirmations - 1
         deadline = time.monotonic() + self.tx_timeout_s
-        while await self._w3.eth.block_number < target:
+        head = -1
+        while (head := await self._head_after(head, deadline)) < target:
             if time.monotonic() > deadline:
                 raise DependencyTimeout(f"block {height} has fewer than {self.confirmations} confirmations")
-            await asyncio.sleep(self.poll_s)
 
     def _reverted(self, exc: ContractLogicError) -> ChainTransactionFailed:
         """A revert, named after the contract's custom error when its selector is in the answer
