@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,9 +104,8 @@ def _sign(chain: Chain, tx: PendingTx, nonce: int) -> SentTx:
         {"from": account.address, "nonce": nonce, "gas": 300_000, "gasPrice": w3.eth.gas_price}
     )
     signed = account.sign_transaction(fields)
-    return SentTx(
-        nonce, int(fields["gasPrice"]), 300_000, signed.raw_transaction.to_0x_hex(), [signed.hash.to_0x_hex()]
-    )
+    raw, tx_hash = signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
+    return SentTx(nonce, int(fields["gasPrice"]), 300_000, raw, [tx_hash], time.time_ns() // 1_000_000)
 
 
 def _pending_nonce(chain: Chain) -> int:

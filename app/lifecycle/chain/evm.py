@@ -70,6 +70,10 @@ _GAS_HEADROOM = 1.25
 _REPLACEMENT_BUMP = 1.25
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 def event_topic(signature: str) -> str:
     """Topic 0 of an event: ``0x`` + keccak of its signature."""
     return "0x" + keccak(text=signature).hex()
@@ -264,7 +268,7 @@ class EvmBackend:
             nonce = self._next_nonce
             gas_price = await self._w3.eth.gas_price
             tx_hash, raw = await self._signed(call, nonce, gas_price, gas)
-            sent = SentTx(nonce, gas_price, gas, raw, [tx_hash])
+            sent = SentTx(nonce, gas_price, gas, raw, [tx_hash], _now_ms())
             self._journal.record_sent(key, sent)
             try:
                 await self._w3.eth.send_raw_transaction(HexStr(raw))
@@ -281,7 +285,6 @@ class EvmBackend:
 
     async def _await_mined(self, key: str, sent: SentTx, call: RegistryCall) -> Any:
         """The receipt of any version of ``sent``; ``None`` if its nonce went to another transaction."""
-        deadline = time.monotonic() + self.tx_timeout_s
         head = -1
         while True:
             taken = await self._w3.eth.get_transaction_count(self.sender, "latest") > sent.nonce
@@ -296,11 +299,15 @@ class EvmBackend:
             if not await self._known(sent):
                 log.info("rebroadcasting %s for %s: the node does not know it", sent.hashes[-1], key)
                 await self._broadcast(sent.raw)  # the node restarted without its mempool
-            elif time.monotonic() > deadline:
+            elif self._overdue_s(sent) >= 0:
                 log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
                 sent = await self._replace(key, sent, call)
-                deadline = time.monotonic() + self.tx_timeout_s
-            head = await self._head_after(head, deadline)
+            head = await self._head_after(head, time.monotonic() - self._overdue_s(sent))
+
+    def _overdue_s(self, sent: SentTx) -> float:
+        """Seconds since ``sent`` should have been mined (negative: time left). Measured from the
+        wall-clock send time in the journal, so a restarted worker does not start the wait anew."""
+        return (_now_ms() - sent.sent_ms) / 1000 - self.tx_timeout_s
 
     async def _known(self, sent: SentTx) -> bool:
         for tx_hash in sent.hashes:
@@ -321,7 +328,7 @@ class EvmBackend:
         async with self._nonce_lock:
             price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
             tx_hash, raw = await self._signed(call, sent.nonce, price, sent.gas)
-            replaced = sent.replaced(tx_hash, raw, price)
+            replaced = sent.replaced(tx_hash, raw, price, _now_ms())
             self._journal.record_sent(key, replaced)
         await self._broadcast(raw)
         return replaced

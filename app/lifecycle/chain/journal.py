@@ -36,10 +36,12 @@ class SentTx:
     gas: int
     raw: str
     hashes: list[str] = field(default_factory=list)
+    #: Wall-clock ms when the latest version was signed (the replacement timeout runs from here).
+    sent_ms: int = 0
 
-    def replaced(self, tx_hash: str, raw: str, gas_price: int) -> SentTx:
+    def replaced(self, tx_hash: str, raw: str, gas_price: int, now_ms: int) -> SentTx:
         """The entry after signing a replacement (same nonce and gas limit, higher gas price)."""
-        return SentTx(self.nonce, gas_price, self.gas, raw, [*self.hashes, tx_hash])
+        return SentTx(self.nonce, gas_price, self.gas, raw, [*self.hashes, tx_hash], now_ms)
 
 
 class TxJournal:
