@@ -6,11 +6,13 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from app.dev_chain import DEV_CHAIN_PORT, dev_chain_port
 from app.lifecycle.chain.backends import backend_kind
 from app.lifecycle.chain.blocks import PendingTx
 from app.lifecycle.chain.evm import custom_error_names, event_topic
@@ -160,3 +162,28 @@ def test_compare_reports_a_foreign_crd_address() -> None:
 def test_artefact_json_is_what_compile_js_writes() -> None:
     data = orjson.loads(ARTEFACT_PATH.read_bytes())
     assert data["contractName"] == "AvccRegistry" and data["compiler"].startswith("solc 0.8.26")
+
+
+def test_the_default_path_does_not_import_web3() -> None:
+    """web3 takes about a second to import: only the EVM backend may pull it in."""
+    code = (
+        "import sys, agents.chain, app.cli, app.dev; "
+        "print(sorted({'web3', 'eth_account'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "AVCC_KAFKA_SINGLE_RECORD_BATCHES": "false", "AVCC_KAFKA_URL": "kafka://127.0.0.1:1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=CHAIN_TOOLS.parents[1],
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_dev_chain_listens_on_the_loopback_port_of_the_chain_url() -> None:
+    assert dev_chain_port(Settings()) == DEV_CHAIN_PORT
+    assert dev_chain_port(Settings(chain_url="http://127.0.0.1:28545")) == 28545
+    with pytest.raises(ConfigurationError):
+        dev_chain_port(Settings(chain_url="http://10.0.0.5:8545"))
