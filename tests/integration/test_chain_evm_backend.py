@@ -23,7 +23,7 @@ from app.lifecycle.chain.deploy import deploy_registry
 from app.lifecycle.chain.evm import EvmBackend, event_topic
 from app.lifecycle.chain.journal import SentTx, TxJournal
 from app.lifecycle.chain.keys import create_key_file
-from app.lifecycle.chain.registry import WORK_EVENT, load_artefact, registry_call
+from app.lifecycle.chain.registry import SETTLEMENT_EVENT, WORK_EVENT, load_artefact, registry_call
 from app.platform.errors import DependencyUnavailable
 from app.servers.ganache import GanacheNode, rpc_call
 from app.servers.process import ServerNotInstalled, free_port
@@ -200,3 +200,34 @@ async def test_an_unreachable_node_is_a_retriable_dependency_failure(chain: Chai
             await backend.submit(_work(_record_id()))
     finally:
         await backend.aclose()
+
+
+async def test_a_settlement_instruction_is_recorded_once(chain: Chain, journal: Path) -> None:
+    body = {"settlement": {"instruction_id": f"ins-{os.urandom(4).hex()}", "total_cny": "12.50"}}
+    tx = PendingTx(f"settle-{body['settlement']['instruction_id']}", "settlement", _record_id(), body)
+    backend = _backend(chain, journal)
+    try:
+        first = await backend.submit(tx)
+        again = await backend.submit(tx)
+    finally:
+        await backend.aclose()
+    fresh = _backend(chain, journal.with_name("other-journal"))  # no journal: found via the contract
+    try:
+        found = await fresh.submit(tx)
+    finally:
+        await fresh.aclose()
+    assert first == again == found
+    logs: Any = rpc_call(
+        chain.node.url,
+        "eth_getLogs",
+        [
+            {
+                "address": chain.address,
+                "fromBlock": "0x0",
+                "toBlock": "latest",
+                "topics": [event_topic(SETTLEMENT_EVENT)],
+            }
+        ],
+    )
+    assert [log["transactionHash"] for log in logs].count(first.tx_hash) == 1
+    assert first.crd_address == chain.address and first.status == "success"
