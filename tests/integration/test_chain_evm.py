@@ -189,9 +189,15 @@ async def test_hundred_applications_register_exactly_once_through_a_chain_worker
     started = time.monotonic()
     ids = await _apply(evm_stack, 100)
 
-    # SIGKILL the chain worker while transactions it sent wait in the node's mempool (sent, not
-    # mined: the journal must find them); the stack's supervisor restarts it.
-    in_mempool = wait_for(lambda: registry.pending_transactions() or None, timeout=120, interval=0.02)
+    # SIGKILL the chain worker mid-submission: some works on chain, transactions it sent waiting
+    # in the node's mempool (sent, not mined: the journal must find them); the stack's
+    # supervisor restarts it.
+    def mid_submission() -> int | None:
+        if registry.work_count() - before < 10:
+            return None
+        return registry.pending_transactions() or None
+
+    in_mempool = wait_for(mid_submission, timeout=120, interval=0.02)
     evm_stack.worker("chain").kill()
     killed_at = registry.work_count() - before
     assert killed_at < 100, "the kill came after submission ended"
