@@ -12,7 +12,7 @@ install:  ## everything the stack and the tests need (apt packages, venv, Kafka 
 	bash scripts/install-deps.sh
 
 venv:  ## only the Python environment (enough for `make run`)
-	SKIP_APT=1 SKIP_KAFKA=1 bash scripts/install-deps.sh
+	SKIP_APT=1 SKIP_KAFKA=1 SKIP_NPM=1 bash scripts/install-deps.sh
 
 run: venv  ## the whole local stack: embedded broker + chDB + every agent group + console
 	$(VENV)/bin/avcc dev

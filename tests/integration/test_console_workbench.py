@@ -33,11 +33,10 @@ UNKNOWN_MODEL = {"model_name": "home-made-diffuser", "model_version": "v2.1.0"}
 
 
 @pytest.fixture(scope="module")
-def console_stack(tansu_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def console_stack(module_tansu: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The core groups and the ops worker, the console signing with its own scoped key."""
-    tansu_broker.start()
     root = tmp_path_factory.mktemp("console-stack")
-    apply_plan(Settings(kafka_url=f"kafka://{tansu_broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     keys = {
         API_KEY: API_SECRET,
         CONSOLE_KEY: {
@@ -46,7 +45,7 @@ def console_stack(tansu_broker: Any, tmp_path_factory: pytest.TempPathFactory) -
         },
     }
     stack = Stack(
-        tansu_broker.bootstrap,
+        module_tansu.bootstrap,
         root,
         env={
             "AVCC_HMAC_KEYS": json.dumps(keys),

@@ -83,9 +83,11 @@ async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
 
 
 @pytest.fixture
-def two_code_replicas(stack_broker: Any, tmp_path: Path) -> Iterator[Stack]:
-    apply_plan(Settings(kafka_url=f"kafka://{stack_broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
-    stack = Stack(stack_broker.bootstrap, tmp_path)
+def two_code_replicas(module_tansu: Any, tmp_path: Path) -> Iterator[Stack]:
+    """Two code workers on 127.0.0.1 and 127.0.0.2 (their own broker: on the session's they would
+    join the session core stack's code group)."""
+    apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    stack = Stack(module_tansu.bootstrap, tmp_path)
     try:
         stack.start("code", index=0)
         stack.start("code", index=1)
