@@ -322,7 +322,7 @@ def test_clickhouse_outage_loses_nothing(
     backend.close()
 
 
-def start_worker(scenario: Scenario, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(scenario: Scenario, log: Path, **env: str) -> subprocess.Popen[bytes]:
     command = [
         str(Path(sys.executable).with_name("faust")),
         "-A",
@@ -335,7 +335,7 @@ def start_worker(scenario: Scenario, log: Path) -> subprocess.Popen[bytes]:
     ]
     with log.open("ab") as out:
         return subprocess.Popen(
-            command, cwd=REPO_ROOT, env=scenario.env(), stdout=out, stderr=subprocess.STDOUT
+            command, cwd=REPO_ROOT, env={**scenario.env(), **env}, stdout=out, stderr=subprocess.STDOUT
         )
 
 
@@ -345,9 +345,10 @@ def test_sigkilled_worker_restarts_without_loss_or_double_counting(
     scenario.produce(scenario.playback(range(N)))
     backend = scenario.backend()
     log = tmp_path / "worker.log"
-    worker = start_worker(scenario, log)
+    # small batches, so the kill lands while most events are still to be stored
+    worker = start_worker(scenario, log, AVCC_SINK_BATCH_MAX_ROWS="250", AVCC_SINK_CONSUME_CHUNK="250")
     try:
-        wait_for(lambda: distinct(backend) >= N // 5, 45, "the worker to store a first part")
+        wait_for(lambda: distinct(backend) >= N // 5, 45, "the worker to store a first part", step=0.02)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         partial = distinct(backend)
