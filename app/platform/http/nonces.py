@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from app.platform.errors import DependencyUnavailable
 from app.platform.http.signing import AuthFailureReason, NonceCache
-from app.platform.kafka.clients import consumer_config, producer_config
+from app.platform.kafka.clients import consumer_config
+from app.platform.kafka.producers import EventProducer
 from app.platform.settings import Settings
 from app.platform.topics import NONCES
 
@@ -83,8 +84,8 @@ class NonceLedger:
         self._waiting: dict[tuple[int, int], Callable[[AuthFailureReason | None], None]] = {}
         #: Verdicts on our own claims read back before their delivery report arrived.
         self._verdicts: dict[tuple[int, int], AuthFailureReason | None] = {}
-        self._producer: Producer | None = None
-        self._threads: list[threading.Thread] = []
+        self._producer: EventProducer | None = None
+        self._reader: threading.Thread | None = None
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._start_lock = threading.Lock()
@@ -97,28 +98,22 @@ class NonceLedger:
     def start(self) -> None:
         """Create the producer and start reading every partition (idempotent, thread-safe)."""
         with self._start_lock:
-            if self._threads:
+            if self._reader is not None:
                 return
-            self._producer = Producer(
-                producer_config(self.settings, "core", f"{self.client_id}-producer", **{"linger.ms": 0})
-            )
+            self._producer = EventProducer(self.settings, "core", client_id=self.client_id)
             self._stop.clear()
-            self._threads = [
-                threading.Thread(target=self._read, name=f"{self.client_id}-reader", daemon=True),
-                threading.Thread(target=self._poll, name=f"{self.client_id}-acks", daemon=True),
-            ]
-            for thread in self._threads:
-                thread.start()
+            self._reader = threading.Thread(target=self._read, name=f"{self.client_id}-reader", daemon=True)
+            self._reader.start()
 
     def stop(self) -> None:
         """Stop reading and flush the producer."""
         self._stop.set()
-        threads, self._threads = self._threads, []
-        for thread in threads:
-            thread.join(timeout=10)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.join(timeout=10)
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(5)
+            producer.close(5)
 
     async def claim(self, key: str, nonce: str, timestamp_ms: int, now_ms: int) -> AuthFailureReason | None:
         """Append a claim and wait for this replica's own verdict on it.
@@ -132,50 +127,37 @@ class NonceLedger:
         if self.cache.contains(key, nonce, now_ms):
             return "replayed_nonce"
         self.start()
+        producer = self._producer
+        assert producer is not None
         loop = asyncio.get_running_loop()
         verdict: asyncio.Future[AuthFailureReason | None] = loop.create_future()
-        pair = (key, nonce)
+        pair, where = (key, nonce), (-1, -1)
 
         def settle(result: AuthFailureReason | None) -> None:
             loop.call_soon_threadsafe(_resolve, verdict, result)
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failure = DependencyUnavailable(f"nonce claim not stored: {err}")
-                loop.call_soon_threadsafe(_fail, verdict, failure)
-                return
-            where = (msg.partition(), msg.offset())
+        async def claimed() -> AuthFailureReason | None:
+            nonlocal where
+            delivery = await producer.send(self.topic, str(timestamp_ms).encode(), _claim_key(key, nonce))
+            where = (delivery.partition, delivery.offset)
             with self._lock:
-                if where in self._verdicts:
-                    settle(self._verdicts.pop(where))
-                else:
-                    self._waiting[where] = settle
+                if where in self._verdicts:  # read back before the acknowledgement arrived
+                    return self._verdicts.pop(where)
+                self._waiting[where] = settle
+            return await verdict
 
-        producer = self._producer
-        assert producer is not None
         with self._lock:
             self._pending.add(pair)
         try:
-            producer.produce(
-                self.topic,
-                key=_claim_key(key, nonce),
-                value=str(timestamp_ms).encode(),
-                on_delivery=delivered,
-            )
-            return await asyncio.wait_for(verdict, CLAIM_TIMEOUT_S)
+            return await asyncio.wait_for(claimed(), CLAIM_TIMEOUT_S)
         except TimeoutError:
             raise DependencyUnavailable("nonce store (topic.system.nonces) did not answer in time") from None
         finally:
             with self._lock:
                 self._pending.discard(pair)
+                self._waiting.pop(where, None)
 
-    # -- threads ------------------------------------------------------------------------------
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            producer = self._producer
-            if producer is not None:
-                producer.poll(0.05)
-
+    # -- the reader thread ----------------------------------------------------------------------
     def _read(self) -> None:
         """Read every partition until stopped; a failure (broker away, topic metadata not there
         yet) is logged and the reader starts over, so claims wait rather than fail for good."""
@@ -247,11 +229,6 @@ class NonceLedger:
 def _resolve(future: asyncio.Future[AuthFailureReason | None], result: AuthFailureReason | None) -> None:
     if not future.done():
         future.set_result(result)
-
-
-def _fail(future: asyncio.Future[AuthFailureReason | None], exc: Exception) -> None:
-    if not future.done():
-        future.set_exception(exc)
 
 
 _stores: dict[tuple[str, str, int], NonceStore] = {}
