@@ -1,4 +1,4 @@
-"""chain group (chain-svc): wiring of approved reviews -> ``chain.tx.pending`` -> ledger -> confirmations.
+"""chain group (chain-svc): wiring of approved reviews -> ``chain.tx.pending`` -> chain -> confirmations.
 
 Submission is idempotent by the transaction's idempotency key twice over: the ``submissions``
 table remembers receipts, and the chain backend itself returns the original receipt for a key
@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from app.lifecycle.chain.ledger import ChainBackend, LocalLedger
+from app.lifecycle.chain.backends import open_backend
+from app.lifecycle.chain.ledger import ChainBackend
 from app.lifecycle.chain.transactions import (
     PENDING_SEEN,
     REVIEWS_SEEN,
@@ -59,11 +60,15 @@ _backend_lock = asyncio.Lock()
 
 
 async def backend() -> ChainBackend:
-    """The chain backend (the local ledger; single writer: run one chain worker with it)."""
+    """The backend ``AVCC_CHAIN_URL`` selects: the local ledger (default) or an EVM node.
+
+    Both are single writers (the ledger's RocksDB lock; the EVM signing key's nonces and the
+    journal): run one chain worker per ledger or key.
+    """
     global _backend
     async with _backend_lock:
         if _backend is None:
-            _backend = LocalLedger(settings.resolve_data_path("ledger"), settings.block_interval_ms)
+            _backend = open_backend(settings)
         return _backend
 
 
@@ -89,8 +94,8 @@ async def handle_pending(envelope: Envelope[Any]) -> Effects:
     known = submissions.get(tx.idempotency_key)
     if known is not None and PENDING_SEEN.contains(known.seen, str(envelope.event_id)):
         return Effects(duplicate=True)
-    ledger = await backend()
-    receipt = await ledger.submit(pending_tx(tx))
+    chain = await backend()
+    receipt = await chain.submit(pending_tx(tx))
     output = receipt_confirmed(tx, receipt, tx.idempotency_key)
     record = submission_of(known, tx, receipt, str(envelope.event_id), now_ms())
 

@@ -141,26 +141,56 @@ def worker(ctx: click.Context, group: str) -> None:
 @main.command()
 @click.option("--groups", default="", help="Comma-separated groups (default: all).")
 @click.option("--no-broker", is_flag=True, help="Use AVCC_KAFKA_URL as is; start no embedded broker.")
-def dev(groups: str, no_broker: bool) -> None:
+@click.option(
+    "--chain",
+    "chain_kind",
+    type=click.Choice(["local", "evm"]),
+    default="local",
+    help="local: the local ledger; evm: start a ganache node, deploy the registry, use it.",
+)
+def dev(groups: str, no_broker: bool, chain_kind: str) -> None:
     """Start the local stack: embedded broker + ClickHouse, the topic plan, every agent group."""
     from app.dev import run_dev_stack
 
     wanted = [g for g in groups.split(",") if g]
-    sys.exit(run_dev_stack(wanted or None, start_broker=not no_broker))
+    sys.exit(run_dev_stack(wanted or None, start_broker=not no_broker, chain=chain_kind))
 
 
 @main.group()
 def chain() -> None:
-    """The local ledger (chain backend)."""
+    """The chain backend: the local ledger or an EVM node (AVCC_CHAIN_URL)."""
 
 
 @chain.command("verify")
 @click.option("--path", type=click.Path(path_type=Path), default=None, help="Ledger directory.")
 def chain_verify(path: Path | None) -> None:
-    """Re-check every block: hashes, previous-hash links, Merkle roots."""
+    """Local ledger: re-check every block. EVM: re-read every record's registration from the contract."""
+    from app.lifecycle.chain.backends import backend_kind
+    from app.platform.settings import get_settings
+
+    settings = get_settings()
+    if backend_kind(settings) == "evm":
+        from app.lifecycle.chain.evm_verify import verify_evm_cli
+
+        sys.exit(verify_evm_cli(settings))
     from app.lifecycle.chain.ledger import verify_ledger_cli
 
     sys.exit(verify_ledger_cli(path))
+
+
+@chain.command("deploy")
+def chain_deploy() -> None:
+    """Deploy AvccRegistry to AVCC_CHAIN_URL, signed by AVCC_CHAIN_KEY_FILE; print its address."""
+    from app.lifecycle.chain.backends import backend_kind
+    from app.platform.settings import get_settings
+
+    settings = get_settings()
+    if backend_kind(settings) != "evm":
+        raise click.UsageError("AVCC_CHAIN_URL must name an EVM node (http(s)://host:port) to deploy to")
+    from app.lifecycle.chain.deploy import deploy_registry
+    from app.lifecycle.chain.keys import read_key
+
+    click.echo(deploy_registry(settings.chain_url, read_key(settings)))
 
 
 @main.command()

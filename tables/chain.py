@@ -9,8 +9,9 @@ replicated to its compacted changelog topic ``avcc-chain-<table>-changelog``:
   chain.tx.pending);
 * ``chain-reviews-parked`` / ``chain-pending-parked`` - message ids waiting in the retry path.
 
-The ledger itself is a separate RocksDB store (``<datadir>/ledger``, see
-:mod:`app.lifecycle.chain.ledger`).
+The chain backend keeps its own store: the local ledger in ``<datadir>/ledger`` (see
+:mod:`app.lifecycle.chain.ledger`), or the EVM backend's journal of sent transactions in
+``<datadir>/chain-journal`` (see :mod:`app.lifecycle.chain.journal`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ Every error the pipeline raises on purpose derives from :class:`AvccError`::
     ├── RetriableError              a transient failure: back off, retry, then the retry topic
     │   ├── DependencyTimeout       a downstream call timed out
     │   ├── DependencyUnavailable   a downstream service (ClickHouse, chain node) is down
+    │   ├── ChainTransactionFailed  the chain refused or reverted a transaction (nonce, gas, revert)
     │   └── LockConflict            a concurrent writer holds the resource
     ├── TopicPlanDrift              the broker's topics differ from the plan in a way we may not fix
     └── BrokerCapabilityError       the broker cannot honour a producer profile
@@ -32,6 +33,7 @@ __all__ = [
     "AvccError",
     "BrokerCapabilityError",
     "BusinessRuleViolation",
+    "ChainTransactionFailed",
     "ConfigurationError",
     "ContractError",
     "DependencyTimeout",
@@ -71,6 +73,14 @@ class DependencyTimeout(RetriableError):
 
 class DependencyUnavailable(RetriableError):
     """A downstream service is unreachable. Restore it; consumption resumes by itself."""
+
+
+class ChainTransactionFailed(RetriableError):
+    """The chain node refused a transaction (nonce too low, out of gas) or it reverted.
+
+    Retried with a fresh nonce and gas estimate; a transaction that keeps reverting reaches the
+    DLQ with the revert reason. Check the signing key's balance and the contract address.
+    """
 
 
 class LockConflict(RetriableError):

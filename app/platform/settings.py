@@ -108,6 +108,32 @@ class Settings(BaseSettings):
     avcc_org: str = Field("10005", description="Issuer (organisation) digits of AVCC codes.")
     avcc_node: str = Field("8361", description="Node digits of AVCC codes.")
     block_interval_ms: int = Field(100, description="Local ledger block interval.")
+    chain_url: str = Field(
+        "local://",
+        description="Chain backend of the chain group: `local://` = the local hash-chain ledger; "
+        "`http(s)://host:port` = an EVM JSON-RPC node (FISCO BCOS, ChainMaker, Ethereum-compatible) "
+        "running the AvccRegistry contract.",
+    )
+    chain_contract: str | None = Field(
+        None,
+        description="Address of the deployed AvccRegistry contract (EVM backend); "
+        "`avcc chain deploy` deploys one.",
+    )
+    chain_key_file: Path | None = Field(
+        None, description="File holding the hex private key that signs chain transactions (EVM backend)."
+    )
+    chain_confirmations: int = Field(
+        1,
+        ge=1,
+        description="Blocks, the transaction's own included, before `chain.tx.confirmed` is produced "
+        "(EVM backend).",
+    )
+    chain_tx_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A sent transaction not mined after this long is replaced (same nonce, higher "
+        "gas price) (EVM backend).",
+    )
     retry_backoff_s: tuple[float, ...] = Field(
         (1.0, 2.0, 4.0), description="In-process retry delays; its length is the retry count."
     )

@@ -1,4 +1,4 @@
-"""Session-scoped real servers (Tansu, Kafka KRaft, ClickHouse) started lazily on loopback."""
+"""Session-scoped real servers (Tansu, Kafka KRaft, ClickHouse, ganache) started lazily on loopback."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from app.lifecycle.chain.keys import create_key_file
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
@@ -24,6 +25,7 @@ from app.servers import (
     TansuBroker,
     ensure_kafka_libs,
 )
+from app.servers.ganache import GanacheNode
 from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +96,31 @@ def clickhouse_server(servers_dir: Path) -> Iterator[ClickHouseServer]:
     )
     yield server
     _shutdown("clickhouse", server)
+
+
+@dataclass(frozen=True)
+class EvmChain:
+    """What the ``evm_chain`` fixture yields: the ganache node and its funded signing key."""
+
+    node: GanacheNode
+    key: str
+    key_file: Path
+
+
+@pytest.fixture(scope="session")
+def evm_chain(servers_dir: Path) -> Iterator[EvmChain]:
+    """A ganache EVM node mining a block a second, like a real chain (transactions wait in its
+    mempool), with a persistent db (a restart keeps the chain) and one funded signing key."""
+    key_file = servers_dir / "ganache-signer.key"
+    key = create_key_file(key_file)
+    node = _launch(
+        "ganache",
+        lambda: GanacheNode(
+            servers_dir / "ganache", funded_keys=[key], block_time_s=1.0, die_with_parent=True
+        ),
+    )
+    yield EvmChain(node, key, key_file)
+    _shutdown("ganache", node)
 
 
 @dataclass(frozen=True)

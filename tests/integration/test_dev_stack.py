@@ -166,14 +166,25 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
         _check_operator_pages(base, orjson.loads(raw)["avcc_record_id"])
         _check_partner_scopes(base, record_path, body)
     finally:
-        children = _descendants(dev.pid)
-        dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-            raise
+        children = terminate(dev)
     assert dev.returncode == 0
+    assert_none_left(children)
+
+
+def terminate(dev: subprocess.Popen[bytes]) -> set[int]:
+    """SIGTERM ``avcc dev`` and wait for it (SIGKILL its group after 60 s); its children's PIDs."""
+    children = _descendants(dev.pid)
+    dev.send_signal(signal.SIGTERM)
+    try:
+        dev.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(dev.pid, signal.SIGKILL)
+        raise
+    return children
+
+
+def assert_none_left(children: set[int]) -> None:
+    """No process the dev stack started outlives it."""
     time.sleep(1)
     left = {pid for pid in children if Path(f"/proc/{pid}").exists()}
     assert not left, f"processes left behind after SIGTERM: {left}"

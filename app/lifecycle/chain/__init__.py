@@ -1,1 +1,1 @@
-"""chain-svc: the notarisation ledger behind the ChainBackend protocol."""
+"""chain-svc: notarisation behind the ChainBackend protocol (local ledger or an EVM chain)."""

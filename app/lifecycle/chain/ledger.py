@@ -55,6 +55,7 @@ __all__ = [
     "canonical_json",
     "crd_address",
     "merkle_root",
+    "open_store",
     "simulate_revert",
     "verify_ledger",
     "verify_ledger_cli",
@@ -89,10 +90,20 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _options() -> Options:
+def open_store(path: Path, what: str) -> Rdict:
+    """Open (create) the single-writer raw RocksDB store of the ``what`` at ``path``.
+
+    Another writer holding it raises ``LockConflict``; any other failure ``DependencyUnavailable``.
+    """
+    path.mkdir(parents=True, exist_ok=True)
     options = Options(raw_mode=True)
     options.create_if_missing(True)
-    return options
+    try:
+        return Rdict(str(path), options)
+    except Exception as exc:
+        if "lock" in str(exc).lower():
+            raise LockConflict(f"{what} {path} is open by another writer: {exc}") from exc
+        raise DependencyUnavailable(f"cannot open {what} {path}: {exc}") from exc
 
 
 class LocalLedger:
@@ -117,13 +128,7 @@ class LocalLedger:
         self.block_interval_ms = block_interval_ms
         self._revert_rule = revert_rule
         self._clock_ms = clock_ms
-        path.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = Rdict(str(path), _options())
-        except Exception as exc:
-            if "lock" in str(exc).lower():
-                raise LockConflict(f"ledger {path} is open by another writer: {exc}") from exc
-            raise DependencyUnavailable(f"cannot open ledger {path}: {exc}") from exc
+        self._db = open_store(path, "ledger")
         self._sync = WriteOptions()
         self._sync.sync = True
         self._mempool: list[PendingTx] = []

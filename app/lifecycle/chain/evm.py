@@ -1,0 +1,373 @@
+"""EVM chain backend: notarisation through the AvccRegistry contract over Ethereum JSON-RPC.
+
+Works with any node speaking the Ethereum JSON-RPC and running EVM contracts (FISCO BCOS,
+ChainMaker, Ethereum-compatible consortium chains, ganache in dev). :meth:`EvmBackend.submit`
+is idempotent and crash-safe:
+
+1. a key with a confirmed receipt in the journal is answered from it;
+2. the contract is asked whether the record (settlement key) is registered already; if so the
+   registering transaction is read from the contract's event in the registration's block;
+3. else a transaction the journal holds for the key (sent by this or a dead worker) is polled:
+   receipts of every signed version, rebroadcast if the node forgot it, a replacement with the
+   same nonce and a higher gas price when it is not mined within ``tx_timeout_s``;
+4. else a new transaction is signed (nonces handed out under a lock), journaled, then sent;
+5. once mined with status 1 - or reverted because the record is already registered, which is
+   success - it waits for ``confirmations`` blocks and answers with the real tx hash, block
+   number and the contract address as ``crd_address``.
+
+The contract refuses a second registration of a record id or content hash itself, so no path
+can register a work twice. Failures are retriable: node unreachable -> ``DependencyUnavailable``,
+nonce too low / out of gas / reverted -> ``ChainTransactionFailed``, confirmations late ->
+``DependencyTimeout``; a content hash registered to another record -> ``BusinessRuleViolation``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from eth_account import Account
+from eth_typing import ChecksumAddress, HexStr
+from eth_utils.crypto import keccak
+from web3 import AsyncWeb3
+from web3.exceptions import (
+    ContractLogicError,
+    ProviderConnectionError,
+    TransactionNotFound,
+    Web3RPCError,
+)
+
+from app.lifecycle.chain.blocks import PendingTx, Receipt
+from app.lifecycle.chain.journal import SentTx, TxJournal
+from app.lifecycle.chain.registry import RegistryCall, load_artefact, registry_call
+from app.platform.errors import (
+    BusinessRuleViolation,
+    ChainTransactionFailed,
+    DependencyTimeout,
+    DependencyUnavailable,
+)
+from app.platform.settings import Settings
+
+__all__ = ["NODE_ERRORS", "EvmBackend", "custom_error_names", "event_topic"]
+
+log = logging.getLogger(__name__)
+
+#: What a JSON-RPC call raises when the node cannot be reached.
+NODE_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+    ProviderConnectionError,
+)
+#: Custom errors of AvccRegistry meaning "this registration exists already".
+_ALREADY = frozenset({"RecordAlreadyRegistered", "SettlementAlreadyRecorded"})
+#: Gas limit head room over the estimate, and gas price increase of a replacement.
+_GAS_HEADROOM = 1.25
+_REPLACEMENT_BUMP = 1.25
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def event_topic(signature: str) -> str:
+    """Topic 0 of an event: ``0x`` + keccak of its signature."""
+    return "0x" + keccak(text=signature).hex()
+
+
+def custom_error_names(abi: list[dict[str, Any]]) -> dict[str, str]:
+    """``0x`` + 4-byte selector -> name of every custom error in ``abi``."""
+    names: dict[str, str] = {}
+    for entry in abi:
+        if entry.get("type") == "error":
+            types = ",".join(i["type"] for i in entry.get("inputs", []))
+            names["0x" + keccak(text=f"{entry['name']}({types})")[:4].hex()] = entry["name"]
+    return names
+
+
+class EvmBackend:
+    """The ``ChainBackend`` on an EVM node; one signing key per worker (nonces are handed out here)."""
+
+    def __init__(
+        self,
+        url: str,
+        contract: str,
+        private_key: str,
+        journal: TxJournal,
+        *,
+        confirmations: int = 1,
+        tx_timeout_s: float = 60.0,
+        poll_s: float = 0.1,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.confirmations = confirmations
+        self.tx_timeout_s = tx_timeout_s
+        self.poll_s = poll_s
+        self._w3 = AsyncWeb3(AsyncWeb3.AsyncHTTPProvider(url, request_kwargs={"timeout": request_timeout_s}))
+        self.address = AsyncWeb3.to_checksum_address(contract)
+        artefact = load_artefact()
+        self._contract = self._w3.eth.contract(address=self.address, abi=artefact.abi)
+        self._errors = custom_error_names(artefact.abi)
+        self._account = Account.from_key(private_key)
+        self._journal = journal
+        self._nonce_lock = asyncio.Lock()
+        self._next_nonce: int | None = None
+        self._chain_id: int | None = None
+        self._key_locks: dict[str, asyncio.Lock] = {}
+        self._head_lock = asyncio.Lock()
+        self._head = -1
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EvmBackend:
+        """The backend ``AVCC_CHAIN_*`` configures (journal under the data dir)."""
+        from app.lifecycle.chain.deploy import require_contract
+        from app.lifecycle.chain.keys import read_key
+
+        return cls(
+            settings.chain_url,
+            require_contract(settings),
+            read_key(settings),
+            TxJournal(settings.resolve_data_path("chain-journal")),
+            confirmations=settings.chain_confirmations,
+            tx_timeout_s=settings.chain_tx_timeout_s,
+        )
+
+    @property
+    def sender(self) -> ChecksumAddress:
+        """Address of the signing key."""
+        return ChecksumAddress(self._account.address)
+
+    def in_flight(self, idempotency_key: str) -> SentTx | None:
+        """The signed versions of a key's transaction not confirmed yet, or ``None``."""
+        return self._journal.sent(idempotency_key)
+
+    def receipt(self, idempotency_key: str) -> Receipt | None:
+        """The confirmed receipt of ``idempotency_key`` this backend recorded, or ``None``."""
+        return self._journal.confirmed(idempotency_key)
+
+    async def submit(self, tx: PendingTx) -> Receipt:
+        """Register ``tx`` on chain once and return its confirmed receipt (see the module doc)."""
+        done = self._journal.confirmed(tx.idempotency_key)
+        if done is not None:
+            return done
+        call = registry_call(tx)
+        lock = self._key_locks.setdefault(tx.idempotency_key, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._submit(tx, call)
+        except NODE_ERRORS as exc:
+            self._next_nonce = None
+            raise DependencyUnavailable(f"chain node {self.url} unreachable: {exc!r}") from exc
+        finally:
+            if not lock.locked():
+                self._key_locks.pop(tx.idempotency_key, None)
+
+    def close(self) -> None:
+        """Close the journal."""
+        self._journal.close()
+
+    async def aclose(self) -> None:
+        """Close the HTTP session and the journal."""
+        await self._w3.provider.disconnect()
+        self.close()
+
+    # -- steps -----------------------------------------------------------------------
+
+    async def _submit(self, tx: PendingTx, call: RegistryCall) -> Receipt:
+        key = tx.idempotency_key
+        found = await self.registered(call)
+        if found is None:
+            sent = self._journal.sent(key)
+            if sent is None:
+                await self._check_content(tx, call)
+                sent = await self._send_new(key, call)
+            mined = await self._await_mined(key, sent, call) if sent is not None else None
+            if mined is not None and mined["status"] == 1:
+                found = (mined["transactionHash"].to_0x_hex(), int(mined["blockNumber"]))
+            else:
+                found = await self.registered(call)  # reverted because already registered = success
+                if found is None:
+                    raise self._not_mined(key, mined)
+        tx_hash, height = found
+        await self._await_confirmations(height)
+        receipt = Receipt(key, tx.chain_type, tx.avcc_record_id, tx_hash, height, "success", self.address)
+        self._journal.record_confirmed(receipt)
+        return receipt
+
+    async def registered(self, call: RegistryCall) -> tuple[str, int] | None:
+        """``(tx_hash, block_number)`` of the registration ``call`` asks for, or ``None``."""
+        values = await getattr(self._contract.functions, call.view)(call.view_key).call()
+        block = int(values[-1])
+        if block == 0:
+            return None
+        logs = await self._w3.eth.get_logs(
+            {
+                "address": self.address,
+                "fromBlock": block,
+                "toBlock": block,
+                "topics": [event_topic(call.event), "0x" + call.topic.hex()],
+            }
+        )
+        if not logs:
+            raise ChainTransactionFailed(f"{call.view}({call.view_key!r}): block {block} has no event")
+        return logs[0]["transactionHash"].to_0x_hex(), block
+
+    async def _check_content(self, tx: PendingTx, call: RegistryCall) -> None:
+        if call.content_hash is None:
+            return
+        holder = int(await self._contract.functions.recordOf(call.content_hash).call())
+        if holder not in (0, tx.avcc_record_id):
+            raise BusinessRuleViolation(
+                f"content hash of record {tx.avcc_record_id} is registered on chain to record {holder}"
+            )
+
+    async def _estimate(self, call: RegistryCall) -> int:
+        """Gas limit for ``call`` (estimate plus head room); a revert shows here, before sending.
+
+        Runs outside the nonce lock: some nodes answer estimates only with the next block.
+        """
+        function = getattr(self._contract.functions, call.function)(*call.args)
+        try:
+            return int(await function.estimate_gas({"from": self.sender}) * _GAS_HEADROOM)
+        except ContractLogicError as exc:
+            raise self._reverted(exc) from exc
+
+    async def _signed(self, call: RegistryCall, nonce: int, gas_price: int, gas: int) -> tuple[str, str]:
+        """``(tx_hash, raw hex)`` of ``call`` signed with ``nonce``, ``gas_price`` and limit ``gas``."""
+        if self._chain_id is None:
+            self._chain_id = await self._w3.eth.chain_id
+        function = getattr(self._contract.functions, call.function)(*call.args)
+        fields = await function.build_transaction(
+            {
+                "from": self.sender,
+                "nonce": nonce,
+                "gas": gas,
+                "gasPrice": gas_price,
+                "chainId": self._chain_id,
+            }
+        )
+        signed = self._account.sign_transaction(fields)
+        return signed.hash.to_0x_hex(), signed.raw_transaction.to_0x_hex()
+
+    async def _send_new(self, key: str, call: RegistryCall) -> SentTx | None:
+        """Sign, journal and send a new transaction; ``None`` if the contract says it is registered."""
+        try:
+            gas = await self._estimate(call)
+        except ChainTransactionFailed as exc:
+            if str(exc).split(":", 1)[0] in _ALREADY:
+                return None
+            raise
+        async with self._nonce_lock:
+            if self._next_nonce is None:
+                self._next_nonce = await self._w3.eth.get_transaction_count(self.sender, "pending")
+            nonce = self._next_nonce
+            gas_price = await self._w3.eth.gas_price
+            tx_hash, raw = await self._signed(call, nonce, gas_price, gas)
+            sent = SentTx(nonce, gas_price, gas, raw, [tx_hash], _now_ms())
+            self._journal.record_sent(key, sent)
+            try:
+                await self._w3.eth.send_raw_transaction(HexStr(raw))
+            except Web3RPCError as exc:
+                self._next_nonce = None
+                self._journal.forget_sent(key)
+                raise ChainTransactionFailed(f"node refused transaction: {exc}") from exc
+            except BaseException:
+                self._next_nonce = None  # the node may or may not have it: resync
+                raise
+            self._next_nonce = nonce + 1
+            log.debug("sent %s for %s (nonce %d)", tx_hash, key, nonce)
+            return sent
+
+    async def _await_mined(self, key: str, sent: SentTx, call: RegistryCall) -> Any:
+        """The receipt of any version of ``sent``; ``None`` if its nonce went to another transaction."""
+        head = -1
+        while True:
+            taken = await self._w3.eth.get_transaction_count(self.sender, "latest") > sent.nonce
+            for tx_hash in sent.hashes:
+                try:
+                    return await self._w3.eth.get_transaction_receipt(tx_hash)  # type: ignore[arg-type]
+                except TransactionNotFound:
+                    continue
+            if taken:
+                self._journal.forget_sent(key)
+                return None
+            if not await self._known(sent):
+                log.info("rebroadcasting %s for %s: the node does not know it", sent.hashes[-1], key)
+                await self._broadcast(sent.raw)  # the node restarted without its mempool
+            elif self._overdue_s(sent) >= 0:
+                log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
+                sent = await self._replace(key, sent, call)
+            head = await self._head_after(head, time.monotonic() - self._overdue_s(sent))
+
+    def _overdue_s(self, sent: SentTx) -> float:
+        """Seconds since ``sent`` should have been mined (negative: time left). Measured from the
+        wall-clock send time in the journal, so a restarted worker does not start the wait anew."""
+        return (_now_ms() - sent.sent_ms) / 1000 - self.tx_timeout_s
+
+    async def _known(self, sent: SentTx) -> bool:
+        for tx_hash in sent.hashes:
+            try:
+                await self._w3.eth.get_transaction(tx_hash)  # type: ignore[arg-type]
+                return True
+            except TransactionNotFound:
+                continue
+        return False
+
+    async def _broadcast(self, raw: str) -> None:
+        # already known, or its nonce used meanwhile: the polling loop sorts it out
+        with contextlib.suppress(Web3RPCError):
+            await self._w3.eth.send_raw_transaction(HexStr(raw))
+
+    async def _replace(self, key: str, sent: SentTx, call: RegistryCall) -> SentTx:
+        """Re-sign with the same nonce and a higher gas price (not mined in time)."""
+        async with self._nonce_lock:
+            price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
+            tx_hash, raw = await self._signed(call, sent.nonce, price, sent.gas)
+            replaced = sent.replaced(tx_hash, raw, price, _now_ms())
+            self._journal.record_sent(key, replaced)
+        await self._broadcast(raw)
+        return replaced
+
+    async def _head_after(self, seen: int, until: float) -> int:
+        """The chain head once it passes ``seen`` (or at ``until``).
+
+        One coroutine polls ``eth_blockNumber`` for all waiters (the others wait on the lock and
+        then read the cached head), so a hundred transactions in flight cost one poll, not a
+        hundred, per interval.
+        """
+        async with self._head_lock:
+            while self._head <= seen and time.monotonic() < until:
+                self._head = await self._w3.eth.block_number
+                if self._head <= seen:
+                    await asyncio.sleep(self.poll_s)
+            return self._head
+
+    async def _await_confirmations(self, height: int) -> None:
+        target = height + self.confirmations - 1
+        deadline = time.monotonic() + self.tx_timeout_s
+        head = -1
+        while (head := await self._head_after(head, deadline)) < target:
+            if time.monotonic() > deadline:
+                raise DependencyTimeout(f"block {height} has fewer than {self.confirmations} confirmations")
+
+    def _reverted(self, exc: ContractLogicError) -> ChainTransactionFailed:
+        """A revert, named after the contract's custom error when its selector is in the answer
+        (nodes put the revert data in different places: ``data`` itself or ``data.result``)."""
+        text = f"{exc.data} {exc}"
+        names = [name for selector, name in self._errors.items() if selector in text]
+        return ChainTransactionFailed(f"{names[0]}: reverted" if names else f"reverted: {exc}")
+
+    def _not_mined(self, key: str, mined: Any) -> ChainTransactionFailed:
+        if mined is None:
+            return ChainTransactionFailed(
+                f"{key}: not registered yet; its nonce went to another transaction or another "
+                "transaction registering it is pending"
+            )
+        self._journal.forget_sent(key)
+        tx_hash = mined["transactionHash"].to_0x_hex()
+        return ChainTransactionFailed(f"{key}: transaction {tx_hash} reverted (gas used {mined['gasUsed']})")

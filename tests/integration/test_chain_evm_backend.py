@@ -1,0 +1,233 @@
+"""EvmBackend against a real ganache node: crash recovery from the journal, replacement, nonces.
+
+A node of this module runs with ``--miner.instamine strict`` so ``miner_stop`` can hold
+transactions pending, as a congested chain would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+from web3 import Web3
+
+from app.lifecycle.chain.blocks import PendingTx
+from app.lifecycle.chain.deploy import deploy_registry
+from app.lifecycle.chain.evm import EvmBackend, event_topic
+from app.lifecycle.chain.journal import SentTx, TxJournal
+from app.lifecycle.chain.keys import create_key_file
+from app.lifecycle.chain.registry import SETTLEMENT_EVENT, WORK_EVENT, load_artefact, registry_call
+from app.platform.errors import DependencyUnavailable
+from app.servers.ganache import GanacheNode, rpc_call
+from app.servers.process import ServerNotInstalled, free_port
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A strict-instamine ganache node, its funded key and a deployed registry."""
+
+    node: GanacheNode
+    key: str
+    address: str
+
+    def registrations(self, record_id: int) -> list[str]:
+        """Hashes of the transactions that registered ``record_id``."""
+        logs: Any = rpc_call(
+            self.node.url,
+            "eth_getLogs",
+            [
+                {
+                    "address": self.address,
+                    "fromBlock": "0x0",
+                    "toBlock": "latest",
+                    "topics": [event_topic(WORK_EVENT), "0x" + record_id.to_bytes(32, "big").hex()],
+                }
+            ],
+        )
+        return [log["transactionHash"] for log in logs]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    root = tmp_path_factory.mktemp("strict-chain")
+    key = create_key_file(root / "signer.key")
+    node = GanacheNode(root / "node", funded_keys=[key], instamine="strict", die_with_parent=True)
+    try:
+        node.start()
+    except ServerNotInstalled as exc:
+        pytest.fail(f"ganache cannot start: {exc}", pytrace=False)
+    try:
+        yield Chain(node, key, deploy_registry(node.url, key))
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    """Where a test's backend journals (a second backend on it = the restarted worker)."""
+    return tmp_path / "journal"
+
+
+def _work(record_id: int) -> PendingTx:
+    body = {
+        "evidence": {
+            "content_hash": "sha256:" + os.urandom(32).hex(),
+            "report_hash": "sha256:" + os.urandom(32).hex(),
+            "final_level": "O",
+        }
+    }
+    return PendingTx(f"evidence-{record_id}", "copyright_main", record_id, body)
+
+
+def _record_id() -> int:
+    return 1 + int.from_bytes(os.urandom(6), "big")
+
+
+def _backend(chain: Chain, journal: Path, **options: Any) -> EvmBackend:
+    return EvmBackend(chain.node.url, chain.address, chain.key, TxJournal(journal), poll_s=0.05, **options)
+
+
+def _sign(chain: Chain, tx: PendingTx, nonce: int) -> SentTx:
+    """What a worker that died after journaling and before sending leaves behind."""
+    w3 = Web3(Web3.HTTPProvider(chain.node.url))
+    call = registry_call(tx)
+    contract = w3.eth.contract(address=Web3.to_checksum_address(chain.address), abi=load_artefact().abi)
+    account = Account.from_key(chain.key)
+    fields = getattr(contract.functions, call.function)(*call.args).build_transaction(
+        {"from": account.address, "nonce": nonce, "gas": 300_000, "gasPrice": w3.eth.gas_price}
+    )
+    signed = account.sign_transaction(fields)
+    raw, tx_hash = signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
+    return SentTx(nonce, int(fields["gasPrice"]), 300_000, raw, [tx_hash], time.time_ns() // 1_000_000)
+
+
+def _pending_nonce(chain: Chain) -> int:
+    address = Account.from_key(chain.key).address
+    return int(str(rpc_call(chain.node.url, "eth_getTransactionCount", [address, "pending"])), 16)
+
+
+async def test_a_journaled_transaction_the_node_never_got_is_sent_on_restart(
+    chain: Chain, journal: Path
+) -> None:
+    tx = _work(_record_id())
+    sent = _sign(chain, tx, _pending_nonce(chain))
+    store = TxJournal(journal)
+    store.record_sent(tx.idempotency_key, sent)
+    store.close()
+
+    backend = _backend(chain, journal)
+    try:
+        receipt = await backend.submit(tx)
+    finally:
+        await backend.aclose()
+    assert receipt.tx_hash == sent.hashes[0], "the journaled transaction itself must be the one mined"
+    assert chain.registrations(tx.avcc_record_id) == [receipt.tx_hash]
+
+
+async def test_a_transaction_not_mined_in_time_is_replaced_and_registered_once(
+    chain: Chain, journal: Path
+) -> None:
+    tx = _work(_record_id())
+    backend = _backend(chain, journal, tx_timeout_s=0.5)
+    rpc_call(chain.node.url, "miner_stop")
+    try:
+        submitting = asyncio.create_task(backend.submit(tx))
+        await asyncio.sleep(2.0)
+        versions = backend.in_flight(tx.idempotency_key)
+        assert versions is not None and len(versions.hashes) >= 2, "no replacement was sent"
+        assert not submitting.done()
+        rpc_call(chain.node.url, "miner_start")
+        receipt = await asyncio.wait_for(submitting, 30)
+    finally:
+        rpc_call(chain.node.url, "miner_start")
+        await backend.aclose()
+    assert receipt.tx_hash in versions.hashes
+    assert chain.registrations(tx.avcc_record_id) == [receipt.tx_hash]
+
+
+async def test_a_journaled_nonce_taken_by_another_transaction_is_sent_anew(
+    chain: Chain, journal: Path
+) -> None:
+    first, second = _work(_record_id()), _work(_record_id())
+    nonce = _pending_nonce(chain)
+    stale = _sign(chain, first, nonce)
+    store = TxJournal(journal)
+    store.record_sent(first.idempotency_key, stale)
+    store.close()
+    backend = _backend(chain, journal)
+    try:
+        await backend.submit(second)  # takes the journaled nonce
+        with pytest.raises(Exception, match="not registered yet"):
+            await backend.submit(first)
+        receipt = await backend.submit(first)  # the retry sends a fresh transaction
+    finally:
+        await backend.aclose()
+    assert receipt.tx_hash != stale.hashes[0]
+    assert chain.registrations(first.avcc_record_id) == [receipt.tx_hash]
+
+
+async def test_confirmed_only_after_the_configured_confirmations(chain: Chain, journal: Path) -> None:
+    tx = _work(_record_id())
+    backend = _backend(chain, journal, confirmations=3)
+    try:
+        submitting = asyncio.create_task(backend.submit(tx))
+        await asyncio.sleep(1.5)
+        assert chain.registrations(tx.avcc_record_id), "not mined"
+        assert not submitting.done(), "confirmed with a single block"
+        rpc_call(chain.node.url, "evm_mine")
+        await asyncio.sleep(0.5)
+        assert not submitting.done(), "confirmed with two blocks"
+        rpc_call(chain.node.url, "evm_mine")
+        receipt = await asyncio.wait_for(submitting, 10)
+    finally:
+        await backend.aclose()
+    assert chain.registrations(tx.avcc_record_id) == [receipt.tx_hash]
+    block = rpc_call(chain.node.url, "eth_getTransactionReceipt", [receipt.tx_hash])
+    assert isinstance(block, dict) and int(block["blockNumber"], 16) == receipt.block_height
+
+
+async def test_an_unreachable_node_is_a_retriable_dependency_failure(chain: Chain, journal: Path) -> None:
+    backend = EvmBackend(f"http://127.0.0.1:{free_port()}", chain.address, chain.key, TxJournal(journal))
+    try:
+        with pytest.raises(DependencyUnavailable, match="unreachable"):
+            await backend.submit(_work(_record_id()))
+    finally:
+        await backend.aclose()
+
+
+async def test_a_settlement_instruction_is_recorded_once(chain: Chain, journal: Path) -> None:
+    body = {"settlement": {"instruction_id": f"ins-{os.urandom(4).hex()}", "total_cny": "12.50"}}
+    tx = PendingTx(f"settle-{body['settlement']['instruction_id']}", "settlement", _record_id(), body)
+    backend = _backend(chain, journal)
+    try:
+        first = await backend.submit(tx)
+        again = await backend.submit(tx)
+    finally:
+        await backend.aclose()
+    fresh = _backend(chain, journal.with_name("other-journal"))  # no journal: found via the contract
+    try:
+        found = await fresh.submit(tx)
+    finally:
+        await fresh.aclose()
+    assert first == again == found
+    logs: Any = rpc_call(
+        chain.node.url,
+        "eth_getLogs",
+        [
+            {
+                "address": chain.address,
+                "fromBlock": "0x0",
+                "toBlock": "latest",
+                "topics": [event_topic(SETTLEMENT_EVENT)],
+            }
+        ],
+    )
+    assert [log["transactionHash"] for log in logs].count(first.tx_hash) == 1
+    assert first.crd_address == chain.address and first.status == "success"
