@@ -105,7 +105,28 @@ def _sign(chain: Chain, tx: PendingTx, nonce: int) -> SentTx:
     )
     signed = account.sign_transaction(fields)
     raw, tx_hash = signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
-    return SentTx(nonce, int(fields["gasPrice"]), 300_000, raw, [tx_hash], time.time_ns() // 1_000_000)
+    now_ms, to, data = time.time_ns() // 1_000_000, str(fields["to"]), str(fields["data"])
+    return SentTx(nonce, int(fields["gasPrice"]), 300_000, raw, [tx_hash], now_ms, to, data)
+
+
+def _transfer_to_self(chain: Chain, nonce: int) -> str:
+    """Another transaction of the signing key (sent outside the backend) taking ``nonce``."""
+    w3 = Web3(Web3.HTTPProvider(chain.node.url))
+    account = Account.from_key(chain.key)
+    fields = {
+        "to": account.address,
+        "value": 0,
+        "gas": 21_000,
+        "gasPrice": w3.eth.gas_price,
+        "nonce": nonce,
+        "chainId": w3.eth.chain_id,
+    }
+    return w3.eth.send_raw_transaction(account.sign_transaction(fields).raw_transaction).to_0x_hex()
+
+
+def _mined_nonce(chain: Chain) -> int:
+    address = Account.from_key(chain.key).address
+    return int(str(rpc_call(chain.node.url, "eth_getTransactionCount", [address, "latest"])), 16)
 
 
 def _pending_nonce(chain: Chain) -> int:
@@ -155,15 +176,15 @@ async def test_a_transaction_not_mined_in_time_is_replaced_and_registered_once(
 async def test_a_journaled_nonce_taken_by_another_transaction_is_sent_anew(
     chain: Chain, journal: Path
 ) -> None:
-    first, second = _work(_record_id()), _work(_record_id())
+    first = _work(_record_id())
     nonce = _pending_nonce(chain)
     stale = _sign(chain, first, nonce)
     store = TxJournal(journal)
     store.record_sent(first.idempotency_key, stale)
     store.close()
+    _transfer_to_self(chain, nonce)  # mined at once (strict instamine): the journaled nonce is gone
     backend = _backend(chain, journal)
     try:
-        await backend.submit(second)  # takes the journaled nonce
         with pytest.raises(Exception, match="not registered yet"):
             await backend.submit(first)
         receipt = await backend.submit(first)  # the retry sends a fresh transaction
@@ -171,6 +192,44 @@ async def test_a_journaled_nonce_taken_by_another_transaction_is_sent_anew(
         await backend.aclose()
     assert receipt.tx_hash != stale.hashes[0]
     assert chain.registrations(first.avcc_record_id) == [receipt.tx_hash]
+
+
+async def test_a_new_transaction_never_takes_a_journaled_nonce(chain: Chain, journal: Path) -> None:
+    """ganache's "pending" count is the mined count: the journal, not the node, says what is taken."""
+    dead, fresh = _work(_record_id()), _work(_record_id())
+    nonce = _pending_nonce(chain)
+    store = TxJournal(journal)
+    store.record_sent(dead.idempotency_key, _sign(chain, dead, nonce))
+    store.close()
+    backend = _backend(chain, journal)
+    try:
+        receipt = await backend.submit(fresh)
+        resumed = await backend.submit(dead)
+    finally:
+        await backend.aclose()
+    assert chain.registrations(fresh.avcc_record_id) == [receipt.tx_hash]
+    assert chain.registrations(dead.avcc_record_id) == [resumed.tx_hash]
+    assert _mined_nonce(chain) == nonce + 2
+
+
+async def test_a_nonce_gap_is_filled_so_the_transactions_behind_it_are_mined(
+    chain: Chain, journal: Path
+) -> None:
+    """A nonce no journaled transaction holds (one the node refused) would stall the key for ever."""
+    tx = _work(_record_id())
+    gap = _pending_nonce(chain)
+    behind = _sign(chain, tx, gap + 1)
+    store = TxJournal(journal)
+    store.record_sent(tx.idempotency_key, behind)
+    store.close()
+    backend = _backend(chain, journal)
+    try:
+        receipt = await asyncio.wait_for(backend.submit(tx), 30)
+    finally:
+        await backend.aclose()
+    assert receipt.tx_hash == behind.hashes[0]
+    assert chain.registrations(tx.avcc_record_id) == [receipt.tx_hash]
+    assert _mined_nonce(chain) == gap + 2, "the gap was not filled by exactly one transaction"
 
 
 async def test_confirmed_only_after_the_configured_confirmations(chain: Chain, journal: Path) -> None:

@@ -8,12 +8,19 @@ is idempotent and crash-safe:
 2. the contract is asked whether the record (settlement key) is registered already; if so the
    registering transaction is read from the contract's event in the registration's block;
 3. else a transaction the journal holds for the key (sent by this or a dead worker) is polled:
-   receipts of every signed version, rebroadcast if the node forgot it, a replacement with the
-   same nonce and a higher gas price when it is not mined within ``tx_timeout_s``;
-4. else a new transaction is signed (nonces handed out under a lock), journaled, then sent;
+   receipts of every signed version, until it is mined or its nonce went to another one;
+4. else a new transaction is signed (nonces handed out under a lock, past every journaled one:
+   :func:`~app.lifecycle.chain.nonces.next_nonce`), journaled, then sent;
 5. once mined with status 1 - or reverted because the record is already registered, which is
    success - it waits for ``confirmations`` blocks and answers with the real tx hash, block
    number and the contract address as ``crd_address``.
+
+While anything is in flight, a nonce keeper task (:meth:`EvmBackend.keep_nonces`) keeps the
+key's nonce sequence moving: it rebroadcasts journaled transactions the node forgot (a node
+restart empties its pool), fills nonces nothing will ever be sent with (a refused transaction)
+with a no-op transfer, and replaces the transaction next in line with a higher gas price when it
+is not mined within ``tx_timeout_s``. Keys whose events wait in the retry topic meanwhile do not
+hold up the others.
 
 The contract refuses a second registration of a record id or content hash itself, so no path
 can register a work twice. Failures are retriable: node unreachable -> ``DependencyUnavailable``,
@@ -43,6 +50,7 @@ from web3.exceptions import (
 
 from app.lifecycle.chain.blocks import PendingTx, Receipt
 from app.lifecycle.chain.journal import SentTx, TxJournal
+from app.lifecycle.chain.nonces import next_nonce, plan_repair
 from app.lifecycle.chain.registry import RegistryCall, load_artefact, registry_call
 from app.platform.errors import (
     BusinessRuleViolation,
@@ -68,6 +76,12 @@ _ALREADY = frozenset({"RecordAlreadyRegistered", "SettlementAlreadyRecorded"})
 #: Gas limit head room over the estimate, and gas price increase of a replacement.
 _GAS_HEADROOM = 1.25
 _REPLACEMENT_BUMP = 1.25
+#: Gas of a plain transfer: the no-op that fills a nonce gap.
+_TRANSFER_GAS = 21_000
+#: A transaction polled this many ``tx_timeout_s`` (plus ``_POLL_GRACE_S``) without being mined
+#: gives its event back to the retry path (the journal keeps it, so the retry resumes polling it).
+_POLL_TIMEOUTS = 3
+_POLL_GRACE_S = 30.0
 
 
 def _now_ms() -> int:
@@ -121,6 +135,8 @@ class EvmBackend:
         self._key_locks: dict[str, asyncio.Lock] = {}
         self._head_lock = asyncio.Lock()
         self._head = -1
+        self._keeper: asyncio.Task[None] | None = None
+        self.keeper_interval_s = min(2.0, tx_timeout_s / 4)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EvmBackend:
@@ -156,6 +172,7 @@ class EvmBackend:
         if done is not None:
             return done
         call = registry_call(tx)
+        self._start_keeper()
         lock = self._key_locks.setdefault(tx.idempotency_key, asyncio.Lock())
         try:
             async with lock:
@@ -172,7 +189,11 @@ class EvmBackend:
         self._journal.close()
 
     async def aclose(self) -> None:
-        """Close the HTTP session and the journal."""
+        """Stop the nonce keeper, close the HTTP session and the journal."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
         await self._w3.provider.disconnect()
         self.close()
 
@@ -237,22 +258,27 @@ class EvmBackend:
         except ContractLogicError as exc:
             raise self._reverted(exc) from exc
 
-    async def _signed(self, call: RegistryCall, nonce: int, gas_price: int, gas: int) -> tuple[str, str]:
-        """``(tx_hash, raw hex)`` of ``call`` signed with ``nonce``, ``gas_price`` and limit ``gas``."""
+    async def _sign(self, to: str, data: str, nonce: int, gas_price: int, gas: int) -> SentTx:
+        """A legacy transaction to ``to`` with call ``data``, signed (not sent, not journaled)."""
         if self._chain_id is None:
             self._chain_id = await self._w3.eth.chain_id
-        function = getattr(self._contract.functions, call.function)(*call.args)
-        fields = await function.build_transaction(
-            {
-                "from": self.sender,
-                "nonce": nonce,
-                "gas": gas,
-                "gasPrice": gas_price,
-                "chainId": self._chain_id,
-            }
-        )
+        fields = {
+            "to": to,
+            "data": data,
+            "value": 0,
+            "nonce": nonce,
+            "gas": gas,
+            "gasPrice": gas_price,
+            "chainId": self._chain_id,
+        }
         signed = self._account.sign_transaction(fields)
-        return signed.hash.to_0x_hex(), signed.raw_transaction.to_0x_hex()
+        raw = signed.raw_transaction.to_0x_hex()
+        return SentTx(nonce, gas_price, gas, raw, [signed.hash.to_0x_hex()], _now_ms(), to, data)
+
+    async def _signed(self, call: RegistryCall, nonce: int, gas_price: int, gas: int) -> SentTx:
+        """``call`` signed with ``nonce``, ``gas_price`` and limit ``gas``."""
+        data = self._contract.encode_abi(call.function, args=list(call.args))
+        return await self._sign(self.address, data, nonce, gas_price, gas)
 
     async def _send_new(self, key: str, call: RegistryCall) -> SentTx | None:
         """Sign, journal and send a new transaction; ``None`` if the contract says it is registered."""
@@ -264,14 +290,14 @@ class EvmBackend:
             raise
         async with self._nonce_lock:
             if self._next_nonce is None:
-                self._next_nonce = await self._w3.eth.get_transaction_count(self.sender, "pending")
+                pending = await self._w3.eth.get_transaction_count(self.sender, "pending")
+                self._next_nonce = next_nonce(pending, (s.nonce for s in self._journal.in_flight().values()))
             nonce = self._next_nonce
             gas_price = await self._w3.eth.gas_price
-            tx_hash, raw = await self._signed(call, nonce, gas_price, gas)
-            sent = SentTx(nonce, gas_price, gas, raw, [tx_hash], _now_ms())
+            sent = await self._signed(call, nonce, gas_price, gas)
             self._journal.record_sent(key, sent)
             try:
-                await self._w3.eth.send_raw_transaction(HexStr(raw))
+                await self._w3.eth.send_raw_transaction(HexStr(sent.raw))
             except Web3RPCError as exc:
                 self._next_nonce = None
                 self._journal.forget_sent(key)
@@ -280,12 +306,17 @@ class EvmBackend:
                 self._next_nonce = None  # the node may or may not have it: resync
                 raise
             self._next_nonce = nonce + 1
-            log.debug("sent %s for %s (nonce %d)", tx_hash, key, nonce)
+            log.debug("sent %s for %s (nonce %d)", sent.hashes[0], key, nonce)
             return sent
 
     async def _await_mined(self, key: str, sent: SentTx, call: RegistryCall) -> Any:
-        """The receipt of any version of ``sent``; ``None`` if its nonce went to another transaction."""
+        """The receipt of any version of ``sent``; ``None`` if its nonce went to another transaction.
+
+        Rebroadcasts and replacements are the nonce keeper's; this re-reads the journal each
+        block so it also polls the versions the keeper signed.
+        """
         head = -1
+        give_up = time.monotonic() + _POLL_TIMEOUTS * self.tx_timeout_s + _POLL_GRACE_S
         while True:
             taken = await self._w3.eth.get_transaction_count(self.sender, "latest") > sent.nonce
             for tx_hash in sent.hashes:
@@ -296,18 +327,51 @@ class EvmBackend:
             if taken:
                 self._journal.forget_sent(key)
                 return None
-            if not await self._known(sent):
-                log.info("rebroadcasting %s for %s: the node does not know it", sent.hashes[-1], key)
-                await self._broadcast(sent.raw)  # the node restarted without its mempool
-            elif self._overdue_s(sent) >= 0:
-                log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
-                sent = await self._replace(key, sent, call)
-            head = await self._head_after(head, time.monotonic() - self._overdue_s(sent))
+            if time.monotonic() > give_up:
+                raise DependencyTimeout(f"{key}: {sent.hashes[-1]} (nonce {sent.nonce}) not mined yet")
+            head = await self._head_after(head, time.monotonic() + self.tx_timeout_s)
+            sent = self._journal.sent(key) or sent
 
-    def _overdue_s(self, sent: SentTx) -> float:
-        """Seconds since ``sent`` should have been mined (negative: time left). Measured from the
-        wall-clock send time in the journal, so a restarted worker does not start the wait anew."""
-        return (_now_ms() - sent.sent_ms) / 1000 - self.tx_timeout_s
+    # -- the nonce keeper --------------------------------------------------------------
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.get_running_loop().create_task(self.keep_nonces(), name="evm-nonce-keeper")
+
+    async def keep_nonces(self) -> None:
+        """Run :meth:`repair_nonces` every ``keeper_interval_s`` (node outages are waited out)."""
+        while True:
+            try:
+                await self.repair_nonces()
+            except NODE_ERRORS as exc:
+                log.debug("nonce keeper: node unreachable: %r", exc)
+            except Exception:
+                log.exception("nonce keeper pass failed")
+            await asyncio.sleep(self.keeper_interval_s)
+
+    async def repair_nonces(self) -> None:
+        """One pass: fill nonce gaps, rebroadcast what the node forgot, replace the overdue head."""
+        if not self._journal.in_flight():
+            return
+        async with self._nonce_lock:
+            mined = await self._w3.eth.get_transaction_count(self.sender, "latest")
+            plan = plan_repair(mined, self._journal.in_flight(), _now_ms(), int(self.tx_timeout_s * 1000))
+            for nonce in plan.fill:
+                await self._fill(nonce)
+            for key, sent in plan.waiting:
+                if not await self._known(sent):
+                    log.info("rebroadcasting %s for %s: the node does not know it", sent.hashes[-1], key)
+                    await self._broadcast(sent.raw)
+            if plan.overdue is not None:
+                key, sent = plan.overdue
+                log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
+                await self._replace(key, sent)
+
+    async def _fill(self, nonce: int) -> None:
+        """Send a no-op transfer to ourselves with ``nonce`` (no transaction of ours holds it)."""
+        filler = await self._sign(self.sender, "0x", nonce, await self._w3.eth.gas_price, _TRANSFER_GAS)
+        log.warning("filling nonce gap %d with a no-op transfer %s", nonce, filler.hashes[0])
+        await self._broadcast(filler.raw)
 
     async def _known(self, sent: SentTx) -> bool:
         for tx_hash in sent.hashes:
@@ -323,15 +387,13 @@ class EvmBackend:
         with contextlib.suppress(Web3RPCError):
             await self._w3.eth.send_raw_transaction(HexStr(raw))
 
-    async def _replace(self, key: str, sent: SentTx, call: RegistryCall) -> SentTx:
-        """Re-sign with the same nonce and a higher gas price (not mined in time)."""
-        async with self._nonce_lock:
-            price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
-            tx_hash, raw = await self._signed(call, sent.nonce, price, sent.gas)
-            replaced = sent.replaced(tx_hash, raw, price, _now_ms())
-            self._journal.record_sent(key, replaced)
-        await self._broadcast(raw)
-        return replaced
+    async def _replace(self, key: str, sent: SentTx) -> None:
+        """Re-sign ``sent`` with the same nonce and a higher gas price, journal it, send it
+        (the caller holds the nonce lock)."""
+        price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
+        version = await self._sign(sent.to, sent.data, sent.nonce, price, sent.gas)
+        self._journal.record_sent(key, sent.replaced(version.hashes[0], version.raw, price, version.sent_ms))
+        await self._broadcast(version.raw)
 
     async def _head_after(self, seen: int, until: float) -> int:
         """The chain head once it passes ``seen`` (or at ``until``).

@@ -36,12 +36,18 @@ class SentTx:
     gas: int
     raw: str
     hashes: list[str] = field(default_factory=list)
-    #: Wall-clock ms when the latest version was signed (the replacement timeout runs from here).
+    #: Wall-clock ms when the latest version was signed (the replacement timeout runs from here,
+    #: so a restarted worker does not start the wait anew).
     sent_ms: int = 0
+    #: Recipient and call data, to sign a replacement without the event that asked for it.
+    to: str = ""
+    data: str = "0x"
 
     def replaced(self, tx_hash: str, raw: str, gas_price: int, now_ms: int) -> SentTx:
         """The entry after signing a replacement (same nonce and gas limit, higher gas price)."""
-        return SentTx(self.nonce, gas_price, self.gas, raw, [*self.hashes, tx_hash], now_ms)
+        return SentTx(
+            self.nonce, gas_price, self.gas, raw, [*self.hashes, tx_hash], now_ms, self.to, self.data
+        )
 
 
 class TxJournal:
@@ -57,6 +63,15 @@ class TxJournal:
         """The signed transaction(s) of ``key`` not yet confirmed, or ``None``."""
         raw = self._db.get(_SENT + key.encode())
         return None if raw is None else SentTx(**orjson.loads(raw))
+
+    def in_flight(self) -> dict[str, SentTx]:
+        """Every journaled transaction not confirmed yet, by idempotency key."""
+        entries: dict[str, SentTx] = {}
+        for raw_key, raw in self._db.items(from_key=_SENT):
+            if not isinstance(raw_key, bytes) or not raw_key.startswith(_SENT):
+                break
+            entries[raw_key[len(_SENT) :].decode()] = SentTx(**orjson.loads(raw))
+        return entries
 
     def record_sent(self, key: str, sent: SentTx) -> None:
         """Remember ``sent`` durably (call before broadcasting it)."""
