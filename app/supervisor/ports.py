@@ -31,10 +31,6 @@ class PortClaim:
     host: str
     port: int
 
-    def line(self) -> str:
-        """``127.0.0.1:19092 (Kafka broker)``."""
-        return f"{self.host}:{self.port} ({self.purpose})"
-
 
 class PortInUse(ConfigurationError):
     """A port the dev stack needs is taken: stop what holds it or configure another port."""

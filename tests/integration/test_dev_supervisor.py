@@ -4,7 +4,6 @@ after growing delays while the rest of the stack keeps serving, and no applicati
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import resource
@@ -13,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import orjson
@@ -22,11 +20,23 @@ import pytest
 from app.platform.groups import GROUPS, group_spec
 from app.platform.http.auth import sign_request
 from app.servers.process import free_port, free_port_block
-from tests.integration.test_dev_stack import ROOT, _descendants, _get, _post
+from app.supervisor.ports import port_holders
+from tests.integration.test_dev_stack import (
+    ROOT,
+    _application,
+    _assert_none_left,
+    _descendants,
+    _get,
+    _post,
+    _stop_dev,
+    _wait_ready,
+)
 
 DEV_KEY = ("dev", "dev-secret")
 #: Enough for a record to be issued (code -> review -> chain -> code) plus the console's ops group.
 SUPERVISED = ("code", "review", "chain", "ops")
+#: The supervisor's line for each exit of the review worker, with the delay it chose.
+REVIEW_RESTART = re.compile(r"group review (?:exited|is crash-looping) .*?; restart #\d+ in ([\d.]+)s")
 
 
 def _dev_env(tmp_path: Path, broker_port: int, web_port: int) -> dict[str, str]:
@@ -102,33 +112,8 @@ def _wait_new_pid(dev: subprocess.Popen[bytes], group: str, old: int, timeout: f
     raise AssertionError(f"group {group} was not restarted within {timeout:.0f}s")
 
 
-def _wait_ready(dev: subprocess.Popen[bytes], ports: dict[str, int], timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    pending = dict(ports)
-    while pending and time.monotonic() < deadline:
-        assert dev.poll() is None, log.read_text()[-3000:]
-        for name, port in list(pending.items()):
-            try:
-                if _get(f"http://127.0.0.1:{port}/ready")[0] == 200:
-                    del pending[name]
-            except OSError:
-                pass
-        time.sleep(1)
-    assert not pending, f"groups not ready: {sorted(pending)}\n{log.read_text()[-3000:]}"
-
-
 def _apply(code_url: str) -> int:
-    body = orjson.dumps(
-        {
-            "request_id": f"req_{uuid.uuid4().hex[:10]}",
-            "content_url": "s3://aigc-hub-storage/w/a.mp4",
-            "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
-            "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
-            "priority": 9,
-            "title": "supervised",
-            "applicant_id": "dev-user",
-        }
-    )
+    body = _application("supervised")
     path = "/v1/avcc/applications"
     status, answer = _post(code_url + path, body, sign_request("POST", path, body, *DEV_KEY))
     assert status == 202, answer
@@ -188,7 +173,7 @@ def test_aborted_and_crash_looping_workers_come_back_with_growing_delays_and_not
             pid, waited = _wait_new_pid(dev, "review", old, 60)
             waits.append(waited)
         text = log.read_text()
-        delays = [float(d) for d in re.findall(r"group review exited .*?; restart #\d+ in ([\d.]+)s", text)]
+        delays = [float(d) for d in REVIEW_RESTART.findall(text)]
         assert delays == [1.0, 2.0, 4.0, 8.0], text[-3000:]
         assert "group review exited (killed by SIGABRT (a native abort" in text
         assert "group review is crash-looping (CrashLoopBackOff): 3 exits in a row" in text
@@ -209,15 +194,39 @@ def test_aborted_and_crash_looping_workers_come_back_with_growing_delays_and_not
         codes = _codes(code_url, records, 240)
         assert len(set(codes.values())) == len(records), f"a code issued twice: {codes}"
     finally:
-        children = _descendants(dev.pid)
-        dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-            raise
+        children = _stop_dev(dev)
     assert dev.returncode == 0, log.read_text()[-3000:]
-    time.sleep(1)
-    left = {pid for pid in children if Path(f"/proc/{pid}").exists()}
-    assert not left, f"processes left behind after SIGTERM: {left}"
+    _assert_none_left(children)
     assert "restarts while the stack ran: {'review': 4, 'ops': 1}" in log.read_text()
+
+
+def test_the_stack_stops_with_a_clear_message_when_its_broker_dies(tmp_path: Path) -> None:
+    base = free_port_block(g.port_offset for g in GROUPS)
+    broker_port = free_port()
+    log = tmp_path / "dev.log"
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "app", "dev", "--groups", "ops"],
+        cwd=ROOT,
+        env=_dev_env(tmp_path, broker_port, base),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        _wait_ready(dev, {"ops": base}, 240, log)
+        holders = port_holders(broker_port)
+        assert len(holders) == 1 and all(name.startswith("tansu") for name in holders.values()), holders
+        (tansu,) = holders
+        assert tansu in _descendants(dev.pid), "the broker on the port must be the stack's own"
+        children = _descendants(dev.pid) - {tansu}
+        os.kill(tansu, signal.SIGKILL)
+        dev.wait(timeout=60)
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+    text = log.read_text()
+    assert dev.returncode == 1, text[-3000:]
+    assert f"the embedded Tansu broker on 127.0.0.1:{broker_port} is gone (killed by SIGKILL)" in text
+    assert "restarted group" not in text, "no group is restarted against a dead broker"
+    _assert_none_left(children)
