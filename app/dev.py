@@ -3,6 +3,11 @@
 DEV ONLY: Tansu runs on memory storage (everything is lost when it stops), the shipped HMAC key
 ``dev``/``dev-secret`` and operator ``admin``/``admin`` are enabled, and a broker that cannot
 honour the core producer profile is only warned about.
+
+Supervision (``app/supervisor``): every port the stack needs is checked before anything starts
+(exit status 2 naming the port and its holder); a group that exits is restarted with exponential
+backoff and never stops the others; the broker is watched, and when it dies the stack stops with
+exit status 1 (a restarted memory broker would be empty: no topics, offsets or changelogs).
 """
 
 from __future__ import annotations
@@ -11,8 +16,6 @@ import importlib.util
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -22,13 +25,24 @@ from app.platform.groups import GROUPS, GroupSpec
 from app.platform.kafka.admin import apply_plan
 from app.platform.redaction import redact_url
 from app.platform.settings import Settings, get_settings
+from app.servers.process import LOOPBACK, ServerStartError
 from app.servers.tansu import TansuBroker
+from app.supervisor import (
+    GroupSupervisor,
+    PortClaim,
+    PortInUse,
+    SupervisorSettings,
+    describe_exit,
+    port_holders,
+    require_free_ports,
+)
 
-__all__ = ["run_dev_stack"]
+__all__ = ["EXIT_BROKER_LOST", "EXIT_PORT_IN_USE", "run_dev_stack"]
 
-#: A group that exits is restarted, unless it exited this often within the window.
-MAX_RESTARTS = 5
-RESTART_WINDOW_S = 300.0
+#: Exit status of ``avcc dev`` when a port it needs is taken (nothing was started).
+EXIT_PORT_IN_USE = 2
+#: Exit status when the embedded broker failed to start or died while the stack ran.
+EXIT_BROKER_LOST = 1
 
 log = logging.getLogger("avcc.dev")
 
@@ -72,11 +86,17 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
     get_settings.cache_clear()
     settings = get_settings()
     settings.check_bind()
+    groups = available_groups(wanted)
+    try:
+        require_free_ports(_port_claims(settings, groups, start_broker))
+    except PortInUse as exc:
+        log.error("avcc dev cannot start: %s", exc)
+        return EXIT_PORT_IN_USE
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     broker: TansuBroker | None = None
     dev_chain: DevChain | None = None
-    children: list[tuple[GroupSpec, subprocess.Popen[bytes]]] = []
+    supervisor: GroupSupervisor | None = None
     stopping = False
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -87,10 +107,12 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
     signal.signal(signal.SIGTERM, request_stop)
     try:
         if start_broker:
-            port = int(settings.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
-            broker = TansuBroker(data_dir / "tansu", port=port)
-            broker.start()
-            log.info("embedded Tansu broker on %s", broker.bootstrap)
+            try:
+                broker = _start_broker(settings, data_dir)
+            except ServerStartError as exc:
+                log.error("avcc dev cannot start its broker: %s", exc)
+                return EXIT_BROKER_LOST
+            log.info("embedded Tansu broker on %s (pid %s)", broker.bootstrap, broker.pid)
         if chain == "evm":
             dev_chain = start_dev_chain(data_dir, dev_chain_port(settings))
             log.info("ganache dev chain on %s, AvccRegistry at %s", dev_chain.node.url, dev_chain.env)
@@ -99,20 +121,18 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             log.info("created topic %s", name)
         for drift in report.unfixed:
             log.error("topic drift: %s", drift.line())
-        groups = available_groups(wanted)
-        logs = data_dir / "logs"
-        logs.mkdir(exist_ok=True)
         env = {**_child_env(settings), **(dev_chain.env if dev_chain else {})}
-        for group in groups:
-            child = _start_group(group, env, logs)
-            children.append((group, child))
-            log.info(
-                "started group %s (pid %d, web port %d, log %s)",
-                group.name,
-                child.pid,
-                settings.web_port + group.port_offset,
-                logs / f"{group.name}.log",
-            )
+        supervisor = GroupSupervisor(
+            groups,
+            env=env,
+            logs=data_dir / "logs",
+            policy=SupervisorSettings().policy(),
+            web_port=lambda group: settings.web_port + group.port_offset,
+        )
+        supervisor.start_all()
+        if broker is not None and not broker.running:
+            log.error("avcc dev: %s", _broker_gone(broker))
+            return EXIT_BROKER_LOST
         print(
             BANNER.format(
                 bootstrap=settings.kafka_bootstrap,
@@ -124,27 +144,16 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             ),
             flush=True,
         )
-        restarts: dict[str, list[float]] = {}
         while not stopping:
-            for n, (group, child) in enumerate(children):
-                if child.poll() is None:
-                    continue
-                recent = [t for t in restarts.get(group.name, []) if time.monotonic() - t < RESTART_WINDOW_S]
-                if len(recent) >= MAX_RESTARTS:
-                    log.error(
-                        "group %s keeps exiting (last status %s); stopping the stack",
-                        group.name,
-                        child.returncode,
-                    )
-                    stopping = True
-                    break
-                log.warning("group %s exited with %s; restarting it", group.name, child.returncode)
-                restarts[group.name] = [*recent, time.monotonic()]
-                children[n] = (group, _start_group(group, env, logs))
+            if broker is not None and not broker.running:
+                log.error("avcc dev: %s", _broker_gone(broker))
+                return EXIT_BROKER_LOST
+            supervisor.tick()
             time.sleep(0.5)
         return 0
     finally:
-        _stop_children(children)
+        if supervisor is not None:
+            supervisor.stop()
         if broker is not None:
             broker.stop()
         if dev_chain is not None:
@@ -152,22 +161,43 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
         log.info("dev stack stopped")
 
 
-def _start_group(group: GroupSpec, env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
-    """Start one group's worker, logging to ``logs/GROUP.log``."""
-    out = (logs / f"{group.name}.log").open("ab")
-    cmd = [sys.executable, "-m", "app", "worker", group.name]
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=Path.cwd())
+def _port_claims(settings: Settings, groups: list[GroupSpec], start_broker: bool) -> list[PortClaim]:
+    """Every port the stack will listen on: the embedded broker's and each group's web port."""
+    claims = [
+        PortClaim(f"the web server of group {g.name}", settings.web_host, settings.web_port + g.port_offset)
+        for g in groups
+    ]
+    if start_broker:
+        claims.insert(0, PortClaim("the embedded Kafka broker (Tansu)", LOOPBACK, _broker_port(settings)))
+    return claims
 
 
-def _stop_children(children: list[tuple[GroupSpec, subprocess.Popen[bytes]]]) -> None:
-    for _, child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for group, child in children:
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("group %s ignored SIGTERM; killing it", group.name)
-            child.kill()
-            child.wait()
+def _broker_port(settings: Settings) -> int:
+    return int(settings.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
+
+
+def _start_broker(settings: Settings, data_dir: Path) -> TansuBroker:
+    """Start Tansu and make sure the broker that answers on its port is this very process."""
+    broker = TansuBroker(data_dir / "tansu", port=_broker_port(settings))
+    broker.start()
+    holders = port_holders(broker.port)
+    if not broker.running or (holders and broker.pid not in holders):
+        held_by = ", ".join(f"pid {pid} ({name})" for pid, name in sorted(holders.items()))
+        broker.stop()
+        raise ServerStartError(
+            f"port {broker.port} answers Kafka requests, but not from the embedded Tansu broker "
+            f"(held by {held_by or 'an unknown process'}); stop it or set AVCC_KAFKA_URL"
+        )
+    return broker
+
+
+def _broker_gone(broker: TansuBroker) -> str:
+    """Why the stack stops when its broker died, with the end of the broker's log."""
+    status = broker.process.returncode if broker.process is not None else None
+    how = describe_exit(status) if status is not None else "exited"
+    tail = broker.process.log_tail(2000) if broker.process is not None else ""
+    return (
+        f"the embedded Tansu broker on {broker.bootstrap} is gone ({how}). Its memory storage went "
+        "with it (every topic, record, committed offset and changelog), so the stack stops instead "
+        f"of running the groups against an empty broker; start `avcc dev` again.\n{tail}"
+    )

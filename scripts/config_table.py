@@ -17,6 +17,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
     ("app.ops.console.settings", "ConsoleSettings", "console overview and review workbench (ops group)"),
+    ("app.supervisor.settings", "SupervisorSettings", "dev stack supervisor (`avcc dev`)"),
 )
 
 

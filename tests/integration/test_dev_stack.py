@@ -87,6 +87,37 @@ def _listening(pids: set[int]) -> set[tuple[str, int]]:
     return found
 
 
+def _wait_ready(dev: subprocess.Popen[bytes], ports: dict[str, int], timeout: float, log: Path) -> None:
+    """Wait until every group answers ``/ready`` on its port (failing with the end of ``log``)."""
+    deadline = time.monotonic() + timeout
+    pending = dict(ports)
+    while pending and time.monotonic() < deadline:
+        assert dev.poll() is None, log.read_text()[-3000:]
+        for name, port in list(pending.items()):
+            try:
+                if _get(f"http://127.0.0.1:{port}/ready")[0] == 200:
+                    del pending[name]
+            except OSError:
+                pass
+        time.sleep(1)
+    assert not pending, f"groups not ready: {sorted(pending)}\n{log.read_text()[-3000:]}"
+
+
+def _application(title: str) -> bytes:
+    """A fresh, valid application body (new request id and content hash each call)."""
+    return orjson.dumps(
+        {
+            "request_id": f"req_{uuid.uuid4().hex[:10]}",
+            "content_url": "s3://aigc-hub-storage/w/a.mp4",
+            "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+            "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+            "priority": 9,
+            "title": title,
+            "applicant_id": "dev-user",
+        }
+    )
+
+
 def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
     base = free_port_block(g.port_offset for g in GROUPS)
     broker_port = free_port()
@@ -111,20 +142,7 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 240
-        pending = {g.name: base + g.port_offset for g in GROUPS}
-        while pending and time.monotonic() < deadline:
-            assert dev.poll() is None, (tmp_path / "dev.log").read_text()[-3000:]
-            for name, port in list(pending.items()):
-                try:
-                    if _get(f"http://127.0.0.1:{port}/ready")[0] == 200:
-                        del pending[name]
-                except OSError:
-                    pass
-            time.sleep(1)
-        assert not pending, (
-            f"groups not ready: {sorted(pending)}\n" + (tmp_path / "dev.log").read_text()[-3000:]
-        )
+        _wait_ready(dev, {g.name: base + g.port_offset for g in GROUPS}, 240, tmp_path / "dev.log")
         assert "dev-secret" in (tmp_path / "dev.log").read_text(), "the dev key must be announced loudly"
 
         stack = _descendants(dev.pid) | {dev.pid}
@@ -137,17 +155,7 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
             for page in ("/router/", "/table/records/1/", "/table/claims/x/"):
                 assert _get(f"http://127.0.0.1:{base + group.port_offset}{page}")[0] in (401, 404)
 
-        body = orjson.dumps(
-            {
-                "request_id": f"req_{uuid.uuid4().hex[:10]}",
-                "content_url": "s3://aigc-hub-storage/w/a.mp4",
-                "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
-                "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
-                "priority": 9,
-                "title": "dev stack",
-                "applicant_id": "dev-user",
-            }
-        )
+        body = _application("dev stack")
         path = "/v1/avcc/applications"
         code_url = f"http://127.0.0.1:{base + 1}"
         status, answer = _post(code_url + path, body, sign_request("POST", path, body, "dev", "dev-secret"))

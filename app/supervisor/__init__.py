@@ -1,0 +1,28 @@
+"""Supervision of the local dev stack (``avcc dev``).
+
+Modules:
+
+* ``backoff``  — the pure restart policy: exponential delays, reset after a stable run.
+* ``ports``    — port preflight: fail fast naming a taken port and, if visible, its holder.
+* ``groups``   — one worker process per agent group, restarted with backoff, never stopping the rest.
+* ``settings`` — ``AVCC_DEV_RESTART_*`` knobs of the backoff.
+"""
+
+from __future__ import annotations
+
+from app.supervisor.backoff import BackoffPolicy, RestartTracker
+from app.supervisor.groups import GroupSupervisor, describe_exit
+from app.supervisor.ports import PortClaim, PortInUse, port_holders, require_free_ports
+from app.supervisor.settings import SupervisorSettings
+
+__all__ = [
+    "BackoffPolicy",
+    "GroupSupervisor",
+    "PortClaim",
+    "PortInUse",
+    "RestartTracker",
+    "SupervisorSettings",
+    "describe_exit",
+    "port_holders",
+    "require_free_ports",
+]

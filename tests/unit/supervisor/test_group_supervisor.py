@@ -1,0 +1,112 @@
+"""The group supervisor on real (tiny) processes and a hand-driven clock: a crashing group is
+restarted with growing delays, the others are left alone, and a crash loop is reported loudly."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.platform.groups import GroupSpec, group_spec
+from app.supervisor.backoff import BackoffPolicy
+from app.supervisor.groups import GroupSupervisor, describe_exit
+
+CRASHER = group_spec("review")
+STEADY = group_spec("code")
+
+
+def _command(spec: GroupSpec) -> list[str]:
+    body = "import sys; print('crashing'); sys.exit(3)" if spec is CRASHER else "import time; time.sleep(600)"
+    return [sys.executable, "-c", body]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _wait_exit(supervisor: GroupSupervisor, name: str) -> None:
+    deadline = time.monotonic() + 30
+    while name in supervisor.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert name not in supervisor.pids(), f"{name} did not exit"
+
+
+def test_a_crashing_group_is_restarted_with_growing_delays_and_the_rest_keeps_running(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = _Clock()
+    supervisor = GroupSupervisor(
+        [STEADY, CRASHER],
+        env={},
+        logs=tmp_path,
+        policy=BackoffPolicy(initial_s=1.0, max_s=4.0, stable_s=60.0, crash_loop_after=4),
+        web_port=lambda spec: 6066 + spec.port_offset,
+        command=_command,
+        clock=clock,
+    )
+    caplog.set_level(logging.INFO, logger="avcc.dev")
+    try:
+        supervisor.start_all()
+        steady_pid = supervisor.pids()["code"]
+        waits = []
+        for _ in range(5):
+            _wait_exit(supervisor, "review")
+            supervisor.tick()  # notices the exit, schedules the restart
+            started = clock.now
+            while "review" not in supervisor.pids():
+                clock.now += 0.5
+                supervisor.tick()
+            waits.append(clock.now - started)
+        assert waits == [1.0, 2.0, 4.0, 4.0, 4.0]
+        assert supervisor.pids()["code"] == steady_pid, "a crashing group must not touch the others"
+        assert supervisor.restarts() == {"code": 0, "review": 5}
+    finally:
+        supervisor.stop(timeout=10)
+    assert not supervisor.pids()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings[0].startswith("group review exited (exit status 3) after 0.0s; restart #1 in 1.0s")
+    loops = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(loops) == 2 and "CrashLoopBackOff" in loops[0] and "crashing" in loops[0]
+    assert "restart #4 in 4.0s" in loops[0]
+    assert (tmp_path / "review.log").read_text().count("crashing") >= 5
+
+
+def test_stop_cancels_pending_restarts(tmp_path: Path) -> None:
+    clock = _Clock()
+    supervisor = GroupSupervisor(
+        [CRASHER],
+        env={},
+        logs=tmp_path,
+        policy=BackoffPolicy(initial_s=5.0),
+        web_port=lambda spec: 0,
+        command=_command,
+        clock=clock,
+    )
+    supervisor.start_all()
+    _wait_exit(supervisor, "review")
+    supervisor.tick()
+    supervisor.stop(timeout=5)
+    clock.now += 60
+    supervisor.tick()
+    assert supervisor.pids() == {}
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (-signal.SIGABRT, "killed by SIGABRT (a native abort, e.g. a failed librdkafka assertion)"),
+        (-signal.SIGKILL, "killed by SIGKILL"),
+        (70, "exit status 70 (the worker stopped itself: stalled partitions)"),
+        (1, "exit status 1"),
+    ],
+)
+def test_exit_statuses_in_words(status: int, words: str) -> None:
+    assert describe_exit(status) == words
