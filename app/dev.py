@@ -88,7 +88,10 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
     settings.check_bind()
     groups = available_groups(wanted)
     try:
-        require_free_ports(_port_claims(settings, groups, start_broker))
+        claims = _port_claims(settings, groups, start_broker)
+        if chain == "evm":
+            claims.append(PortClaim("the ganache dev chain", LOOPBACK, dev_chain_port(settings)))
+        require_free_ports(claims)
     except PortInUse as exc:
         log.error("avcc dev cannot start: %s", exc)
         return EXIT_PORT_IN_USE
