@@ -1,9 +1,12 @@
 """Playback ingest: a partner's batch body -> validated events -> framed envelopes on the topic.
 
 A batch is a JSON array (``application/json``) or NDJSON (``application/x-ndjson``, one object
-per non-empty line). Each item is validated against :class:`schemas.playback.PlaybackEvent`;
-valid items are wrapped in an envelope and produced with the playback profile (acks=1, linger
-5 ms, 64 KiB batches); invalid items are never produced and are reported by index (the position
+per non-empty line). Items are validated in chunks of :data:`CHUNK` by the sink's columnar check
+(:func:`app.playback.sink.checks.payload_columns`, strict JSON types, a few C-level passes per
+column); a chunk it cannot prove valid as a whole is validated item by item against
+:class:`schemas.playback.PlaybackEvent`, which also writes the per-item error answers. Valid
+items are wrapped in an envelope and produced with the playback profile (acks=1, linger 5 ms,
+64 KiB batches); invalid items are never produced and are reported by index (the position
 in the array, or among the non-empty lines of an NDJSON body).
 
 Event ids: a fresh uuid4, or -- when the platform supplies ``idempotency_id`` -- the name-based
@@ -34,6 +37,7 @@ from app.platform.kafka.clients import verified_producer
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import EVENTS_OUT, INGEST_ITEMS
 from app.platform.settings import Settings
+from app.playback.sink.checks import payload_columns
 from schemas.playback import PlaybackEvent
 from schemas.types import format_money
 from schemas.violations import to_schema_violation
@@ -50,6 +54,7 @@ __all__ = [
     "event_id_for",
     "parse_items",
     "playback_producer",
+    "random_event_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,11 @@ SOURCE: Final = group_spec("gateway").source
 EVENT_ID_NAMESPACE: Final = uuid.UUID("5d0c4c36-8f0e-5b5e-9a51-7f3b1c2a6e10")
 #: The error of every item not produced because the producer queue was full.
 QUEUE_FULL: Final = "producer queue full, retry later"
+#: Commas one valid item brings to an array body (6 between its 7 fields, 1 after it).
+VALUES_PER_ITEM: Final = 7
+#: Items validated together by the columnar check: one invalid item sends only its chunk to
+#: the per-item path.
+CHUNK: Final = 256
 
 
 class GatewaySettings(BaseSettings):
@@ -113,6 +123,11 @@ def event_id_for(event: PlaybackEvent, entropy: bytes | None = None) -> str:
     """
     if event.idempotency_id is not None:
         return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{event.platform_node}:{event.idempotency_id}"))
+    return random_event_id(entropy)
+
+
+def random_event_id(entropy: bytes | None = None) -> str:
+    """A uuid4 string from 16 random bytes (``entropy``, else drawn here)."""
     raw = bytearray(entropy if entropy is not None else os.urandom(16))
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
@@ -201,17 +216,21 @@ def _malformed(detail: object) -> BatchError:
 def _array_items(body: bytes, max_items: int) -> list[Any]:
     """The items of a JSON array body, at most ``max_items`` of them parsed.
 
-    A body with fewer commas than the cap cannot hold more top-level items: it is parsed at
-    once (orjson). Otherwise the array is decoded one item at a time and refused as soon as the
+    The commas of a body bound the JSON values in it (each value but the first follows a
+    comma), so a body with fewer than :data:`VALUES_PER_ITEM` commas per allowed item - every
+    batch of valid items within the cap - is parsed at once by orjson, whatever it holds, at a
+    bounded cost. Otherwise the array is decoded one item at a time and refused as soon as the
     cap is passed.
     """
-    if body.count(b",") < max_items:
+    if body.count(b",") < max_items * VALUES_PER_ITEM:
         try:
             decoded = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise _malformed(exc) from exc
         if not isinstance(decoded, list):
             raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
+        if len(decoded) > max_items:
+            raise TooManyItems(len(decoded), max_items)
         return decoded
     try:
         text = body.decode()
@@ -270,20 +289,72 @@ class Admission:
         }
 
 
+#: ``(index, event_id, envelope bytes)`` of an item ready to produce.
+Framed = tuple[int, str, bytes]
+
+
 def admit(items: list[Any], errors: dict[int, str], producer: EventProducer, topic: str) -> Admission:
     """Validate, frame and enqueue ``items`` on ``topic`` in order, until the queue is full.
 
     ``errors`` (indexes already refused, e.g. NDJSON lines that are not JSON) is completed with
-    the schema violations and, past a full queue, :data:`QUEUE_FULL` for every item left.
+    the schema violations and, past a full queue, :data:`QUEUE_FULL` for every item left (an
+    item past the full queue is answered :data:`QUEUE_FULL` even if it was invalid: it was
+    never looked at, as far as the partner can tell).
     """
     timestamp_ms = time.time_ns() // 1_000_000
     accepted = 0
     throttled_from: int | None = None
-    validate = PlaybackEvent.model_validate
     entropy = os.urandom(16 * len(items))
-    for index, item in enumerate(items):
-        if index in errors:
+    for start in range(0, len(items), CHUNK):
+        chunk_errors: dict[int, str] = {}
+        framed = _frame_chunk(items, start, errors, chunk_errors, entropy, timestamp_ms)
+        for index, event_id, value in framed:
+            try:
+                producer.send_nowait(topic, value, event_id.encode())
+            except BufferError:
+                throttled_from = index
+                break
+            except KafkaException as exc:
+                log.error("produce to %s failed: %s", topic, exc)
+                throttled_from = index
+                break
+            accepted += 1
+        if throttled_from is None:
+            errors.update(chunk_errors)
             continue
+        errors.update({i: e for i, e in chunk_errors.items() if i < throttled_from})
+        for index in range(throttled_from, len(items)):
+            errors.setdefault(index, QUEUE_FULL)
+        break
+    rejected = len(errors)
+    if accepted:
+        INGEST_ITEMS.labels("accepted").inc(accepted)
+        EVENTS_OUT.labels("gateway", topic).inc(accepted)
+    if rejected:
+        INGEST_ITEMS.labels("rejected").inc(rejected)
+    return Admission(accepted, errors, throttled_from)
+
+
+def _frame_chunk(
+    items: list[Any],
+    start: int,
+    refused: dict[int, str],
+    errors: dict[int, str],
+    entropy: bytes,
+    timestamp_ms: int,
+) -> list[Framed]:
+    """The framed envelopes of ``items[start:start + CHUNK]``; the chunk's schema errors go to ``errors``."""
+    chunk = items[start : start + CHUNK]
+    if not any(start + offset in refused for offset in range(len(chunk))):
+        columns = payload_columns(chunk)
+        if columns is not None:
+            return _frame_columns(columns, start, entropy, timestamp_ms)
+    framed: list[Framed] = []
+    validate = PlaybackEvent.model_validate
+    for index in range(start, start + len(chunk)):
+        if index in refused:
+            continue
+        item = items[index]
         if not isinstance(item, dict):
             errors[index] = "<root>: must be a JSON object"
             continue
@@ -293,23 +364,31 @@ def admit(items: list[Any], errors: dict[int, str], producer: EventProducer, top
             errors[index] = str(to_schema_violation(exc))
             continue
         event_id = event_id_for(event, entropy[16 * index : 16 * index + 16])
-        try:
-            producer.send_nowait(topic, envelope_bytes(event, event_id, timestamp_ms), event_id.encode())
-        except BufferError:
-            throttled_from = index
-            break
-        except KafkaException as exc:
-            log.error("produce to %s failed: %s", topic, exc)
-            throttled_from = index
-            break
-        accepted += 1
-    if throttled_from is not None:
-        for index in range(throttled_from, len(items)):
-            errors.setdefault(index, QUEUE_FULL)
-    rejected = len(errors)
-    if accepted:
-        INGEST_ITEMS.labels("accepted").inc(accepted)
-        EVENTS_OUT.labels("gateway", topic).inc(accepted)
-    if rejected:
-        INGEST_ITEMS.labels("rejected").inc(rejected)
-    return Admission(accepted, errors, throttled_from)
+        framed.append((index, event_id, envelope_bytes(event, event_id, timestamp_ms)))
+    return framed
+
+
+def _frame_columns(columns: list[list[Any]], start: int, entropy: bytes, timestamp_ms: int) -> list[Framed]:
+    """Envelopes of a chunk :func:`payload_columns` proved valid: the same bytes
+    :func:`envelope_bytes` writes for the validated models, without building them."""
+    framed: list[Framed] = []
+    dumps = orjson.dumps
+    money: dict[int, str] = {}
+    rows = zip(*columns, strict=True)
+    for index, (code, node, user, kind, duration, cents, token) in enumerate(rows, start):
+        payload: dict[str, Any] = {
+            "avcc_code": code,
+            "platform_node": node,
+            "user_hash": user,
+            "event_type": kind,
+            "duration_sec": duration,
+            "revenue_cny": money.get(cents) or money.setdefault(cents, f"{cents // 100}.{cents % 100:02d}"),
+        }
+        if token:
+            payload["idempotency_id"] = token
+            event_id = str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{node}:{token}"))
+        else:
+            event_id = random_event_id(entropy[16 * index : 16 * index + 16])
+        envelope = {"event_id": event_id, "timestamp": timestamp_ms, "source": SOURCE, "payload": payload}
+        framed.append((index, event_id, dumps(envelope)))
+    return framed

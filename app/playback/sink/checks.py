@@ -29,7 +29,14 @@ from schemas.types import (
     SOURCE_PATTERN,
 )
 
-__all__ = ["ParsedPlayback", "money_cents", "parse_playback", "playback_columns", "playback_row"]
+__all__ = [
+    "ParsedPlayback",
+    "money_cents",
+    "parse_playback",
+    "payload_columns",
+    "playback_columns",
+    "playback_row",
+]
 
 
 def _full(pattern: str) -> Callable[[str], re.Match[str] | None]:
@@ -322,24 +329,20 @@ def _idempotency_column(payloads: list[dict[str, Any]], count: int) -> list[str]
     return column
 
 
-def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
-    """The :data:`ParsedPlayback` columns of decoded envelopes, or ``None`` unless *all* are valid.
+def payload_columns(payloads: list[Any]) -> list[list[Any]] | None:
+    """The payload columns of ``payloads`` (``PlaybackEvent`` documents), or ``None`` unless *all*
+    are valid: ``[codes, nodes, users, event types, durations, revenue cents, idempotency ids]``.
 
-    Accepts a chunk exactly when :func:`parse_playback` accepts every document of it, with the
-    same values (column ``i`` holds field ``i`` of each row); otherwise returns ``None`` and the
-    caller checks the documents one by one. Costs a fraction of the per-document check: the
-    per-value work is C-level ``map``, ``set`` and ``bytes`` operations.
+    The strict check (exact JSON types, money as a string) of :func:`parse_playback`'s payload
+    half, column by column; the gateway validates partner batches with it and the sink whole
+    chunks of envelopes. ``None`` sends the caller to its per-document check.
     """
-    count = len(documents)
+    count = len(payloads)
     if not count:
-        return [[] for _ in range(_ROW_WIDTH)]
+        return [[] for _ in range(_ROW_WIDTH - 3)]
     # orjson decodes to dict, list, str, int, float, bool or None: a string-keyed lookup that
     # succeeds proves a dict (the others raise TypeError), so no separate type pass is needed.
     try:
-        if set(map(len, documents)) != {4}:
-            return None
-        event_ids, timestamps, sources = (list(map(get, documents)) for get in _ENVELOPE_FIELDS)
-        payloads = list(map(_PAYLOAD_OF, documents))
         codes, nodes, users, kinds, durations, revenues = (
             list(map(get, payloads)) for get in _PAYLOAD_FIELDS
         )
@@ -349,10 +352,7 @@ def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
     except (KeyError, TypeError):  # a missing field; not a dict; an unhashable value
         return None
     if not (
-        _all_fixed(event_ids, _UUID_TEMPLATE)
-        and _int_column_within(timestamps, MIN_EPOCH_MS, MAX_EPOCH_MS - 1)
-        and _int_column_within(durations, 0, MAX_DURATION_SEC)
-        and _all_known_or_valid(sources, _known_sources, _SOURCE)
+        _int_column_within(durations, 0, MAX_DURATION_SEC)
         and _all_known_or_valid(codes, _known_codes, _valid_code)
         and _all_known_or_valid(nodes, _known_nodes, _NODE)
         and (
@@ -373,15 +373,33 @@ def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
     idempotency_ids = _idempotency_column(payloads, count)
     if idempotency_ids is None:
         return None
-    return [
-        event_ids,
-        timestamps,
-        sources,
-        codes,
-        nodes,
-        users,
-        kinds,
-        durations,
-        list(map(cents_of.__getitem__, revenues)),
-        idempotency_ids,
-    ]
+    return [codes, nodes, users, kinds, durations, list(map(cents_of.__getitem__, revenues)), idempotency_ids]
+
+
+def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
+    """The :data:`ParsedPlayback` columns of decoded envelopes, or ``None`` unless *all* are valid.
+
+    Accepts a chunk exactly when :func:`parse_playback` accepts every document of it, with the
+    same values (column ``i`` holds field ``i`` of each row); otherwise returns ``None`` and the
+    caller checks the documents one by one. Costs a fraction of the per-document check: the
+    per-value work is C-level ``map``, ``set`` and ``bytes`` operations.
+    """
+    if not documents:
+        return [[] for _ in range(_ROW_WIDTH)]
+    try:
+        if set(map(len, documents)) != {4}:
+            return None
+        event_ids, timestamps, sources = (list(map(get, documents)) for get in _ENVELOPE_FIELDS)
+        payloads = list(map(_PAYLOAD_OF, documents))
+    except (KeyError, TypeError):  # a missing field; not a dict
+        return None
+    if not (
+        _all_fixed(event_ids, _UUID_TEMPLATE)
+        and _int_column_within(timestamps, MIN_EPOCH_MS, MAX_EPOCH_MS - 1)
+        and _all_known_or_valid(sources, _known_sources, _SOURCE)
+    ):
+        return None
+    payload = payload_columns(payloads)
+    if payload is None:
+        return None
+    return [event_ids, timestamps, sources, *payload]

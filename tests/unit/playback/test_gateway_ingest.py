@@ -7,8 +7,10 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from app.playback.gateway.ingest import (
+    CHUNK,
     EVENT_ID_NAMESPACE,
     NDJSON,
     QUEUE_FULL,
@@ -19,6 +21,7 @@ from app.playback.gateway.ingest import (
     parse_items,
 )
 from schemas.playback import PlaybackEvent
+from schemas.violations import to_schema_violation
 from tests.unit.playback.playback_documents import payload
 
 
@@ -93,3 +96,58 @@ def test_a_full_queue_stops_the_batch_and_marks_every_item_left() -> None:
     admission = admit([payload(), payload(), "x", payload()], {}, producer, "pb")  # type: ignore[arg-type]
     assert (admission.accepted, admission.throttled_from) == (1, 1)
     assert admission.errors == {1: QUEUE_FULL, 2: QUEUE_FULL, 3: QUEUE_FULL}
+
+
+def _keyed(index: int, **fields: Any) -> dict[str, Any]:
+    return payload(idempotency_id=f"order-{index}", **fields)
+
+
+def test_the_columnar_path_frames_the_same_bytes_as_the_validated_models() -> None:
+    """A chunk proved valid column-wise gives exactly what per-item validation would give."""
+    items: list[Any] = [_keyed(i, revenue_cny=("12.5" if i % 3 else "0.07")) for i in range(CHUNK)]
+    fast = QueueProducer(room=CHUNK)
+    assert admit(items, {}, fast, "pb").accepted == CHUNK  # type: ignore[arg-type]
+    slow = QueueProducer(room=CHUNK)
+    # One refused index (as an NDJSON line that is not JSON would be) sends the chunk item by item.
+    assert admit([*items, None], {CHUNK: "bad"}, slow, "pb").accepted == CHUNK  # type: ignore[arg-type]
+    by_model = [
+        envelope_bytes(event, event_id_for(event), 0)
+        for event in (PlaybackEvent.model_validate(item) for item in items)
+    ]
+    assert [_untimed(v) for _, v, _ in fast.sent] == [_untimed(b) for b in by_model]
+    assert [(_untimed(v), k) for _, v, k in fast.sent] == [(_untimed(v), k) for _, v, k in slow.sent[:CHUNK]]
+
+
+def _untimed(value: bytes) -> bytes:
+    """Envelope bytes with the timestamp zeroed (the batches compared were admitted apart)."""
+    document = orjson.loads(value)
+    return value.replace(b'"timestamp":%d' % document["timestamp"], b'"timestamp":0')
+
+
+def test_errors_are_the_models_whichever_path_a_chunk_takes() -> None:
+    """Invalid items in a batch of several chunks are answered with the model's own messages."""
+    items: list[Any] = [payload() for _ in range(3 * CHUNK)]
+    bad = {5: {"duration_sec": "1"}, CHUNK + 7: {"revenue_cny": 1.234}, 2 * CHUNK: {"event_type": "skip"}}
+    for index, change in bad.items():
+        items[index] = {**items[index], **change}
+    producer = QueueProducer(room=len(items))
+    admission = admit(items, {}, producer, "pb")  # type: ignore[arg-type]
+    assert admission.accepted == len(items) - len(bad)
+    assert sorted(admission.errors) == sorted(bad)
+    for index in bad:
+        with pytest.raises(ValidationError) as refused:
+            PlaybackEvent.model_validate(items[index])
+        assert admission.errors[index] == str(to_schema_violation(refused.value))
+
+
+def test_items_past_a_full_queue_are_queue_full_even_if_invalid() -> None:
+    items: list[Any] = [payload(), payload(), payload(user_hash="nope"), payload()]
+    admission = admit(items, {}, QueueProducer(room=1), "pb")  # type: ignore[arg-type]
+    assert admission.errors == {1: QUEUE_FULL, 2: QUEUE_FULL, 3: QUEUE_FULL}
+
+
+def test_an_array_over_the_item_cap_is_refused_with_its_count() -> None:
+    body = orjson.dumps([payload() for _ in range(11)])
+    with pytest.raises(BatchError) as refused:
+        parse_items(body, "application/json", max_items=10)
+    assert refused.value.status == 413 and "11 items" in str(refused.value)
