@@ -29,7 +29,6 @@ import mode
 from app.platform.faust.app import get_app
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
-from app.platform.topics import PLAYBACK_EVENT
 from app.playback.anomaly.detector import GROUP, AnomalyDetector
 
 __all__ = ["AnomalyService", "app"]
@@ -48,7 +47,7 @@ _running: list[AnomalyDetector] = []
 def _assigned() -> list[tuple[str, int]]:
     if not _running:
         raise RuntimeError("the anomaly detector is not running")
-    return [(PLAYBACK_EVENT.name, p) for p in list(_running[0].states)]
+    return _running[0].assigned_partitions()
 
 
 install_common_views(app, GROUP, assignment=_assigned)
