@@ -1,31 +1,27 @@
 """The anomaly detector's I/O loop: two stages in one consumer of group ``avcc-anomaly``.
 
-faust's per-event machinery costs ~180 us/event, so the detector does not iterate through
-faust: it runs in a thread with its own confluent-kafka consumer (manual commits) that takes up
-to ``batch_size`` messages per call from both of its topics:
+faust's per-event machinery costs ~180 us/event, so the detector runs in a thread with its own
+confluent-kafka consumer (manual commits) taking up to ``batch_size`` messages per call from:
 
 Stage 1 -- ``topic.playback.event`` (per source partition)
-    Each envelope is decoded with orjson and counted into its partition's window
-    (:class:`~app.playback.anomaly.windows.Windows`, a few dict updates). Windows the watermark
-    has passed are closed and sent, split by code bucket, as partial aggregates to the partials
-    topic (:mod:`~app.playback.anomaly.partials`), with each partition's progress marker.
+    Envelopes are decoded with orjson and counted into their partition's windows
+    (:class:`~app.playback.anomaly.windows.Windows`, a few dict updates); windows the watermark
+    has passed go, split by code bucket, to the partials topic with each partition's progress
+    marker (:mod:`~app.playback.anomaly.partials`).
 Stage 2 -- the partials topic (per code bucket)
-    The partials of every source partition meet per bucket (:mod:`~app.playback.anomaly.merge`);
-    a window is evaluated once every source partition has closed it. So the findings do not
-    depend on how many workers share the source partitions (1, 3 or 24 give the same set).
+    Every source partition's partials of a code meet in one partition
+    (:mod:`~app.playback.anomaly.merge`); a window is evaluated once all source partitions have
+    closed it, so the findings do not depend on how many workers share the partitions.
 
-Output
-    ``AnomalyDetected`` envelopes on ``topic.playback.anomaly`` (core producer, acks=all),
-    keyed by ``avcc_code``; ``event_id`` = ``anomaly_id`` = uuid5(rule, key, window start), so
-    a replay produces the same ids. The sink stores them; this group only produces.
+Output: ``AnomalyDetected`` envelopes on ``topic.playback.anomaly`` (core producer, acks=all),
+keyed by ``avcc_code``; ``event_id`` = ``anomaly_id`` = uuid5(rule, key, window start), so a
+replay produces the same ids (the sink stores them once).
 
-Durability
-    Offsets of both topics are committed every ``commit_interval_s`` (and on revocation/stop)
-    only after the partials and anomalies produced so far are acknowledged and a snapshot of
-    every changed state was written to the local store and acknowledged on its compacted
-    changelog (:mod:`tables.anomaly`); on assignment each partition's snapshot is restored and
-    the consumer seeks to the offset stored in it. A partial replayed after a crash is
-    recognised by its source partition's mark and merged once.
+Durability: offsets of both topics are committed every ``commit_interval_s`` (and on
+revocation/stop) only after the partials and anomalies produced so far are acknowledged and a
+snapshot of every changed state is in the local store and acknowledged on its compacted
+changelog (:mod:`tables.anomaly`); on assignment each partition's snapshot is restored and the
+consumer seeks to its offset. A partial replayed after a crash is merged once (source marks).
 """
 
 from __future__ import annotations
@@ -108,12 +104,11 @@ def _decode(value: bytes | None) -> Any:
 
 
 class AnomalyDetector(ConsumerLoop):
-    """The blocking consume -> window -> evaluate -> checkpoint loop (run it in a thread).
+    """The blocking consume -> window -> merge -> evaluate -> checkpoint loop (run it in a thread).
 
-    Topic and group names are parameters so tests and the bench can run it on their own topics;
-    ``partitions`` is the source topic's partition count (the marks a window needs in stage 2),
-    ``buckets`` the partials topic's.
-    ``on_anomaly`` (optional) is called with each produced anomaly payload (tests, bench).
+    Topic and group names are parameters so tests and the bench can use their own topics;
+    ``partitions``/``buckets``: partition counts of the source/partials topic. ``on_anomaly``
+    (optional) is called with each produced anomaly payload (tests, bench).
     """
 
     def __init__(
@@ -277,13 +272,7 @@ class AnomalyDetector(ConsumerLoop):
         try:
             partial = decode_partial(message.value())
         except ValueError as exc:
-            log.warning(
-                "partials record %s[%d]@%d skipped: %s",
-                message.topic(),
-                message.partition(),
-                message.offset(),
-                exc,
-            )
+            log.warning("partials record %d@%d skipped: %s", message.partition(), message.offset(), exc)
             ANOMALY_SKIPPED_EVENTS.labels("undecodable_partial").inc()
             partial = None
         self.merger.add(message.partition(), message.offset(), partial)
@@ -390,10 +379,9 @@ class AnomalyDetector(ConsumerLoop):
         offsets = [TopicPartition(self.source_topic, s.partition, s.offset) for s in changed]
         offsets += [TopicPartition(self.partials_topic, m.partition, m.offset) for m in merged]
         consumer.commit(offsets=offsets, asynchronous=False)
-        for state in changed:
-            state.dirty = False
-        for merge in merged:
-            merge.dirty = False
+        done: list[PartitionState | MergeState] = [*changed, *merged]
+        for snapshotted in done:
+            snapshotted.dirty = False
         ANOMALY_CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
         return len(changed) + len(merged)
 
