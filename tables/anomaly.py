@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
@@ -47,6 +48,7 @@ __all__ = [
     "SNAPSHOT_MAX_BYTES",
     "SNAPSHOT_VERSION",
     "PartitionState",
+    "StateTopic",
     "WindowStore",
     "ensure_state_topic",
     "read_changelog",
@@ -74,6 +76,22 @@ class _Snapshotted(Protocol):
 
 
 _S = TypeVar("_S", bound=_Snapshotted)
+
+
+@dataclass(frozen=True, slots=True)
+class StateTopic(Generic[_S]):
+    """A consumed topic whose partitions each have a detector state: where it is snapshotted."""
+
+    #: The consumed topic (its committed offsets tell whether a local snapshot is current).
+    topic: str
+    #: The compacted changelog of the states (partition = the consumed partition).
+    changelog: str
+    #: Key prefix in the :class:`WindowStore`.
+    kind: str
+    parse: Callable[[bytes], _S]
+    fresh: Callable[[int], _S]
+
+
 _NO_LEADER: Final = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -232,20 +250,16 @@ def restore_states(
     settings: Settings,
     store: WindowStore,
     consumer: Consumer,
-    *,
-    topic: str,
-    changelog: str,
-    kind: str,
+    states: StateTopic[_S],
     partitions: list[int],
-    parse: Callable[[bytes], _S],
-    fresh: Callable[[int], _S],
 ) -> dict[int, _S]:
-    """The state of each of ``partitions`` of ``topic``: local snapshot if current, else changelog.
+    """The state of each of ``partitions``: the local snapshot if current, else the changelog's.
 
     A local snapshot is current when its offset is at least the group's committed offset of the
     partition; otherwise the changelog's last record wins when it is at least as far. Partitions
-    without any snapshot get ``fresh(partition)``.
+    without any snapshot get a fresh state.
     """
+    topic, parse = states.topic, states.parse
     if not partitions:
         return {}
     committed = {
@@ -255,7 +269,7 @@ def restore_states(
     restored: dict[int, _S] = {}
     need_changelog: list[int] = []
     for partition in partitions:
-        raw = store.get(partition, kind)
+        raw = store.get(partition, states.kind)
         state = parse(raw) if raw else None
         floor = committed.get(partition, OFFSET_INVALID)
         if state is not None and state.offset is not None and (floor < 0 or state.offset >= floor):
@@ -265,7 +279,7 @@ def restore_states(
         if state is not None:
             restored[partition] = state
     if need_changelog:
-        for partition, raw in read_changelog(settings, need_changelog, topic=changelog).items():
+        for partition, raw in read_changelog(settings, need_changelog, topic=states.changelog).items():
             remote = parse(raw)
             local = restored.get(partition)
             if local is None or (remote.offset or 0) >= (local.offset or 0):
@@ -276,5 +290,5 @@ def restore_states(
     )
     for partition in partitions:
         if partition not in restored:
-            restored[partition] = fresh(partition)
+            restored[partition] = states.fresh(partition)
     return restored

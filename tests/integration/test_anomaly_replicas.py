@@ -1,4 +1,4 @@
-"""The same playback input gives the same anomalies with 1 and with 3 anomaly workers.
+"""The same playback input gives the same anomalies with 1, 2 and 3 anomaly workers.
 
 Real ``avcc worker anomaly`` processes (each bound to its own loopback address, like pods) on a
 module-private Tansu, which is restarted -- emptied -- before each run, so both runs start from
@@ -237,7 +237,7 @@ def ready(stack: Stack, index: int) -> dict[str, Any]:
 
 @pytest.fixture
 def runs(module_tansu: TansuBroker, tmp_path: Path) -> Iterator[dict[int, tuple[set[Finding], list[int]]]]:
-    yield {n: run(module_tansu, tmp_path / f"workers-{n}", n) for n in (1, 3)}
+    yield {n: run(module_tansu, tmp_path / f"workers-{n}", n) for n in (1, 2, 3)}
 
 
 def test_one_and_three_workers_find_the_same_anomalies(

@@ -79,6 +79,7 @@ from tables.anomaly import (
     CHANGELOG_TOPIC,
     MERGE_CHANGELOG_TOPIC,
     SNAPSHOT_MAX_BYTES,
+    StateTopic,
     WindowStore,
     ensure_state_topic,
     restore_states,
@@ -162,6 +163,12 @@ class AnomalyDetector(ConsumerLoop):
             max_future_ms=self.anomaly_settings.max_future_s * 1000,
         )
         self.merger = Merger(self.rules, sources=partitions)
+        self._window_states = StateTopic(
+            source_topic, changelog_topic, "p", PartitionState.from_bytes, PartitionState
+        )
+        self._merge_states = StateTopic(
+            partials_topic, merge_changelog_topic, "m", MergeState.from_bytes, MergeState
+        )
         self.processed = 0
         self.anomalies = 0
         self._stop = threading.Event()
@@ -369,9 +376,9 @@ class AnomalyDetector(ConsumerLoop):
         self._flush("partials and anomaly events")
         max_pairs = self.anomaly_settings.snapshot_max_pairs
         for state in changed:
-            self._snapshot(self.changelog_topic, "p", state.partition, state.to_bytes(max_pairs))
+            self._snapshot(self._window_states, state.partition, state.to_bytes(max_pairs))
         for merge in merged:
-            self._snapshot(self.merge_changelog_topic, "m", merge.partition, merge.to_bytes(max_pairs))
+            self._snapshot(self._merge_states, merge.partition, merge.to_bytes(max_pairs))
         # 2. snapshots acknowledged (acks=all) before the commit
         self._flush("window snapshots")
         consumer = self._consumer
@@ -385,12 +392,12 @@ class AnomalyDetector(ConsumerLoop):
         ANOMALY_CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
         return len(changed) + len(merged)
 
-    def _snapshot(self, changelog: str, kind: str, partition: int, snapshot: bytes) -> None:
+    def _snapshot(self, states: StateTopic[Any], partition: int, snapshot: bytes) -> None:
         store, producer = self._store, self._producer
         assert store is not None and producer is not None
-        store.put(partition, snapshot, kind)
+        store.put(partition, snapshot, states.kind)
         key = str(partition).encode()
-        producer.produce(changelog, snapshot, key, partition=partition, on_delivery=self._on_delivery)
+        producer.produce(states.changelog, snapshot, key, partition=partition, on_delivery=self._on_delivery)
 
     # -- rebalance -----------------------------------------------------------------------------
 
@@ -404,28 +411,8 @@ class AnomalyDetector(ConsumerLoop):
         consumer, store = self._consumer, self._store
         assert consumer is not None and store is not None
         sources, buckets = self._split(partitions)
-        states = restore_states(
-            self.settings,
-            store,
-            consumer,
-            topic=self.source_topic,
-            changelog=self.changelog_topic,
-            kind="p",
-            partitions=sources,
-            parse=PartitionState.from_bytes,
-            fresh=PartitionState,
-        )
-        merges = restore_states(
-            self.settings,
-            store,
-            consumer,
-            topic=self.partials_topic,
-            changelog=self.merge_changelog_topic,
-            kind="m",
-            partitions=buckets,
-            parse=MergeState.from_bytes,
-            fresh=MergeState,
-        )
+        states = restore_states(self.settings, store, consumer, self._window_states, sources)
+        merges = restore_states(self.settings, store, consumer, self._merge_states, buckets)
         assignment = []
         for tp in partitions:
             state = states[tp.partition] if tp.topic == self.source_topic else merges[tp.partition]
