@@ -163,13 +163,13 @@ ANOMALY_WINDOW_CHANGELOG = TopicSpec(
 #: Stage 1 -> stage 2 of the anomaly detector: each source partition's closed windows, split by
 #: ``crc32(avcc_code) mod partitions`` so every code's counts from all 24 source partitions meet
 #: in one partition, plus each source partition's progress marker (``app.playback.anomaly.partials``).
-#: Records are per window and source partition (24 x 12 per window), so a day is plenty: stage 2
-#: consumes them within seconds. Not in TOPIC_PLAN: the detector creates it like its changelog
-#: (it is the group's internal state, raw JSON rather than envelopes).
+#: Records are per window and source partition (24 x 12 per window); stage 2 consumes them
+#: within seconds, and they are kept as long as the events they summarise. Not in TOPIC_PLAN: the
+#: detector creates it like its changelog (the group's internal state, raw JSON, not envelopes).
 ANOMALY_WINDOW_PARTIALS = TopicSpec(
     name="avcc-anomaly-window-partials",
     partitions=12,
-    retention_ms=1 * DAY_MS,
+    retention_ms=PLAYBACK_EVENT.retention_ms,
     cleanup_policy="delete",
     key_field="source partition number (partition = avcc_code bucket)",
     profile="core",
