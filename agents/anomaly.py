@@ -7,12 +7,11 @@ confluent-kafka consumer in group ``avcc-anomaly``); its state is declared in
 :mod:`tables.anomaly`. This module wires the detector into a worker: a ``mode.Service`` runs it
 in a thread, and the common views report its assignment.
 
-Scaling: the windows of all partitions a worker owns are merged before evaluation, so with one
-worker (50k+ events/s per core, see the bench) every rule sees the whole stream. With several
-workers each evaluates only the partitions it owns: findings still carry the same deterministic
-ids (consumers dedup on ``event_id``), but the count thresholds (``spike_min_count``,
-``replay_min_count``, ``share_min_count``) then apply to that worker's share of the traffic: a
-pattern spread over several workers' partitions can stay under a threshold and go unreported.
+Scaling: detection runs in two stages in the one consumer group: stage 1 windows the events of
+the source partitions a worker owns and sends partial aggregates, bucketed by code, to the
+partials topic; stage 2 merges each code's partials from every source partition and evaluates
+a window once all source partitions have closed it. The findings are the same with any number
+of workers (up to 24 for stage 1, 12 for stage 2), see :mod:`app.playback.anomaly.detector`.
 
 Run: ``faust -A agents.anomaly worker --web-port 6073`` (or ``avcc worker anomaly``).
 """
@@ -29,7 +28,6 @@ import mode
 from app.platform.faust.app import get_app
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
-from app.platform.topics import PLAYBACK_EVENT
 from app.playback.anomaly.detector import GROUP, AnomalyDetector
 
 __all__ = ["AnomalyService", "app"]
@@ -48,7 +46,7 @@ _running: list[AnomalyDetector] = []
 def _assigned() -> list[tuple[str, int]]:
     if not _running:
         raise RuntimeError("the anomaly detector is not running")
-    return [(PLAYBACK_EVENT.name, p) for p in list(_running[0].states)]
+    return _running[0].assigned_partitions()
 
 
 install_common_views(app, GROUP, assignment=_assigned)

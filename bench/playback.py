@@ -185,6 +185,8 @@ def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
         source_topic=args.topic,
         anomaly_topic=args.anomaly_topic,
         changelog_topic=f"bench-anomaly-changelog-{u}",
+        partials_topic=f"bench-anomaly-partials-{u}",
+        merge_changelog_topic=f"bench-anomaly-merge-changelog-{u}",
         group_id=f"bench-anomaly-{u}",
         state_dir=Path(args.workdir) / f"anomaly-{u}",
     )

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 __all__ = [
     "ANOMALY",
+    "ANOMALY_MERGE_CHANGELOG",
     "ANOMALY_WINDOW_CHANGELOG",
+    "ANOMALY_WINDOW_PARTIALS",
     "APPLY_CREATED",
     "CHAIN_TX_CONFIRMED",
     "CHAIN_TX_PENDING",
@@ -148,7 +150,7 @@ ANOMALY = TopicSpec(
 )
 #: Snapshots of the anomaly detector's open windows, one partition per playback partition (key =
 #: the partition number). Not in TOPIC_PLAN: the detector creates it itself
-#: (``tables.anomaly.ensure_changelog``) with the 16 MiB ``max.message.bytes`` its snapshots need.
+#: (``tables.anomaly.ensure_state_topic``) with the 16 MiB ``max.message.bytes`` its snapshots need.
 ANOMALY_WINDOW_CHANGELOG = TopicSpec(
     name="avcc-anomaly-window-changelog",
     partitions=PLAYBACK_EVENT.partitions,
@@ -157,6 +159,32 @@ ANOMALY_WINDOW_CHANGELOG = TopicSpec(
     key_field="source partition number",
     profile="core",
     purpose="window snapshots of the anomaly detector (its state's changelog)",
+)
+#: Stage 1 -> stage 2 of the anomaly detector: each source partition's closed windows, split by
+#: ``crc32(avcc_code) mod partitions`` so every code's counts from all 24 source partitions meet
+#: in one partition, plus each source partition's progress marker (``app.playback.anomaly.partials``).
+#: Records are per window and source partition (24 x 12 per window); stage 2 consumes them
+#: within seconds, and they are kept as long as the events they summarise. Not in TOPIC_PLAN: the
+#: detector creates it like its changelog (the group's internal state, raw JSON, not envelopes).
+ANOMALY_WINDOW_PARTIALS = TopicSpec(
+    name="avcc-anomaly-window-partials",
+    partitions=12,
+    retention_ms=PLAYBACK_EVENT.retention_ms,
+    cleanup_policy="delete",
+    key_field="source partition number (partition = avcc_code bucket)",
+    profile="core",
+    purpose="partial window aggregates of the anomaly detector (stage 1 -> stage 2)",
+)
+#: Snapshots of stage 2 (merged windows awaiting completeness, marks, baselines), one partition
+#: per partials partition (key = that partition number). Not in TOPIC_PLAN, like the other.
+ANOMALY_MERGE_CHANGELOG = TopicSpec(
+    name="avcc-anomaly-merge-changelog",
+    partitions=ANOMALY_WINDOW_PARTIALS.partitions,
+    retention_ms=INFINITE,
+    cleanup_policy="compact",
+    key_field="partials partition number",
+    profile="core",
+    purpose="stage-2 snapshots of the anomaly detector (merged windows and baselines)",
 )
 
 #: Internal topics of the code and review groups. Each is keyed like the table it feeds and has

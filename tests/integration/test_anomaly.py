@@ -90,6 +90,8 @@ class Setup:
         self.source = f"playback-{unique}"
         self.anomalies = f"anomaly-{unique}"
         self.changelog = f"anomaly-changelog-{unique}"
+        self.partials = f"anomaly-partials-{unique}"
+        self.merge_changelog = f"anomaly-merge-changelog-{unique}"
         self.group = f"anomaly-{unique}"
         self.tmp = tmp_path
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -120,6 +122,8 @@ class Setup:
             source_topic=self.source,
             anomaly_topic=self.anomalies,
             changelog_topic=self.changelog,
+            partials_topic=self.partials,
+            merge_changelog_topic=self.merge_changelog,
             group_id=self.group,
             state_dir=self.tmp / state_dir,
             on_anomaly=found.append,

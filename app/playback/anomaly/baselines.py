@@ -1,20 +1,19 @@
 """EWMA baselines of the anomaly rules: what a code's (and a node's) window counts usually are.
 
-EWMA baselines are linear in the counts, so a baseline can be kept per source partition (each
-partition folds in its own share of a window) and the partial baselines summed when a window
-is evaluated (:func:`merge_baselines`): the sum is exactly the EWMA of the summed counts.
+Stage 2 of the detector (:mod:`app.playback.anomaly.merge`) keeps one baseline per bucket of
+codes and folds in each window once it has the counts of every source partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from app.playback.anomaly.rules import RuleConfig, WindowAgg
 
-__all__ = ["SEP", "Baseline", "merge_baselines", "split_key", "update_baseline"]
+__all__ = ["SEP", "Baseline", "split_key", "update_baseline"]
 
 #: Separator of the two parts of a pair key in JSON snapshots (``code<TAB>node``).
 SEP: Final = "\t"
@@ -28,7 +27,7 @@ def split_key(key: str) -> tuple[str, str]:
 
 @dataclass(slots=True)
 class Baseline:
-    """EWMA of past window counts (of one source partition, or merged)."""
+    """EWMA of past window counts of a set of codes."""
 
     #: code -> [ewma of count, windows seen]
     codes: dict[str, list[float]] = field(default_factory=dict)
@@ -61,18 +60,13 @@ def update_baseline(
     agg: WindowAgg | None,
     window_start: int,
     cfg: RuleConfig,
-    known: Container[str] = (),
 ) -> Baseline:
     """Fold the window starting at ``window_start`` into ``baseline`` (in place; returned).
 
     ``agg`` is ``None`` when the window had no events here: every entry then decays. Windows
     skipped since the last fold (no events at all) decay the entries once each. A window at or
-    before the last folded one is ignored (folding is idempotent per window).
-
-    ``known``: codes that already have a baseline elsewhere (in another partition's part).
-    A code new *here* but known elsewhere had 0 events here before, so its entry starts at
-    ``alpha * count``; a code new everywhere starts at ``count``. This keeps the sum of partial
-    baselines equal to the baseline of the summed counts.
+    before the last folded one is ignored (folding is idempotent per window). A new code starts
+    at its count, a new node of a known code at ``alpha * count``.
     """
     last = baseline.last_window
     if last is not None and window_start <= last:
@@ -94,12 +88,13 @@ def update_baseline(
         entry[1] += 1
     for key, value in baseline.nodes.items():
         baseline.nodes[key] = alpha * nodes.get(key, 0) + keep * value
-    for code, count in codes.items():
-        if code not in baseline.codes:
-            baseline.codes[code] = [alpha * count if code in known else float(count), 1.0]
     for key, count in nodes.items():
         if key not in baseline.nodes:
-            baseline.nodes[key] = alpha * count if key[0] in known else float(count)
+            # a new node of a known code had 0 events before; a new code starts at its count
+            baseline.nodes[key] = alpha * count if key[0] in baseline.codes else float(count)
+    for code, count in codes.items():
+        if code not in baseline.codes:
+            baseline.codes[code] = [float(count), 1.0]
     floor = cfg.baseline_floor
     dropped = {c for c, e in baseline.codes.items() if e[0] < floor}
     if len(baseline.codes) - len(dropped) > cfg.baseline_max_codes:
@@ -112,31 +107,3 @@ def update_baseline(
         del baseline.nodes[key]
     baseline.last_window = window_start
     return baseline
-
-
-def merge_baselines(baselines: Iterable[Baseline], codes: Iterable[str] | None = None) -> Baseline:
-    """Sum partial baselines (EWMAs add up; windows seen: the maximum).
-
-    With ``codes`` only those codes (and their nodes) are merged: what evaluating one window needs.
-    """
-    wanted = set(codes) if codes is not None else None
-    merged = Baseline()
-    for part in baselines:
-        if wanted is None:
-            items: Iterable[tuple[str, list[float]]] = part.codes.items()
-        else:
-            items = ((c, part.codes[c]) for c in wanted if c in part.codes)
-        for code, (ewma, seen) in items:
-            entry = merged.codes.get(code)
-            if entry is None:
-                merged.codes[code] = [ewma, seen]
-            else:
-                entry[0] += ewma
-                entry[1] = max(entry[1], seen)
-        for key, value in part.nodes.items():
-            if wanted is None or key[0] in wanted:
-                merged.nodes[key] = merged.nodes.get(key, 0.0) + value
-        last = part.last_window
-        if last is not None and (merged.last_window is None or last > merged.last_window):
-            merged.last_window = last
-    return merged

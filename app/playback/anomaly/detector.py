@@ -1,21 +1,27 @@
-"""The anomaly detector's I/O loop: consume playback events, window them, emit findings, checkpoint.
+"""The anomaly detector's I/O loop: two stages in one consumer of group ``avcc-anomaly``.
 
-faust's per-event machinery costs ~180 us/event, so the detector does not iterate through
-faust: it runs in a thread with its own confluent-kafka consumer (group ``avcc-anomaly``,
-manual commits) that takes up to ``batch_size`` messages per call, decodes each envelope with
-orjson and counts it into :class:`~app.playback.anomaly.windows.Windows` (a few dict updates).
+faust's per-event machinery costs ~180 us/event, so the detector runs in a thread with its own
+confluent-kafka consumer (manual commits) taking up to ``batch_size`` messages per call from:
 
-Output
-    ``AnomalyDetected`` envelopes on ``topic.playback.anomaly`` (core producer, acks=all),
-    keyed by ``avcc_code``; ``event_id`` = ``anomaly_id`` = uuid5(rule, key, window start), so
-    a replay produces the same ids. The sink stores them; this group only produces.
+Stage 1 -- ``topic.playback.event`` (per source partition)
+    Envelopes are decoded with orjson and counted into their partition's windows
+    (:class:`~app.playback.anomaly.windows.Windows`, a few dict updates); windows the watermark
+    has passed go, split by code bucket, to the partials topic with each partition's progress
+    marker (:mod:`~app.playback.anomaly.partials`).
+Stage 2 -- the partials topic (per code bucket)
+    Every source partition's partials of a code meet in one partition
+    (:mod:`~app.playback.anomaly.merge`); a window is evaluated once all source partitions have
+    closed it, so the findings do not depend on how many workers share the partitions.
 
-Durability
-    Offsets are committed every ``commit_interval_s`` (and on revocation/stop) only after the
-    anomalies produced so far are acknowledged and a snapshot of every changed partition was
-    written to the local store and acknowledged on the compacted changelog
-    (:mod:`tables.anomaly`); on assignment each partition's snapshot is restored and the
-    consumer seeks to the offset stored in it.
+Output: ``AnomalyDetected`` envelopes on ``topic.playback.anomaly`` (core producer, acks=all),
+keyed by ``avcc_code``; ``event_id`` = ``anomaly_id`` = uuid5(rule, key, window start), so a
+replay produces the same ids (the sink stores them once).
+
+Durability: offsets of both topics are committed every ``commit_interval_s`` (and on
+revocation/stop) only after the partials and anomalies produced so far are acknowledged and a
+snapshot of every changed state is in the local store and acknowledged on its compacted
+changelog (:mod:`tables.anomaly`); on assignment each partition's snapshot is restored and the
+consumer seeks to its offset. A partial replayed after a crash is merged once (source marks).
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ from typing import Any, Final
 
 import orjson
 from confluent_kafka import (
-    OFFSET_INVALID,
     Consumer,
     KafkaError,
     KafkaException,
@@ -56,18 +61,28 @@ from app.platform.metrics import (
     EVENTS_OUT,
 )
 from app.platform.settings import Settings
-from app.platform.topics import ANOMALY, PLAYBACK_EVENT
+from app.platform.topics import (
+    ANOMALY,
+    ANOMALY_MERGE_CHANGELOG,
+    ANOMALY_WINDOW_CHANGELOG,
+    ANOMALY_WINDOW_PARTIALS,
+    PLAYBACK_EVENT,
+)
 from app.playback.anomaly.config import AnomalySettings
+from app.playback.anomaly.merge import ClosedWindow, Merger, MergeState
+from app.playback.anomaly.partials import Partial, decode_partial, encode_partials
 from app.playback.anomaly.rules import to_anomaly
-from app.playback.anomaly.windows import ClosedWindow, PartitionState, Windows
+from app.playback.anomaly.windows import PartitionClose, PartitionState, Windows
 from schemas.codec import dumps
 from schemas.envelope import make_envelope
 from tables.anomaly import (
     CHANGELOG_TOPIC,
+    MERGE_CHANGELOG_TOPIC,
     SNAPSHOT_MAX_BYTES,
+    StateTopic,
     WindowStore,
-    ensure_changelog,
-    read_changelog,
+    ensure_state_topic,
+    restore_states,
     window_store_dir,
 )
 
@@ -90,10 +105,11 @@ def _decode(value: bytes | None) -> Any:
 
 
 class AnomalyDetector(ConsumerLoop):
-    """The blocking consume -> window -> evaluate -> checkpoint loop (run it in a thread).
+    """The blocking consume -> window -> merge -> evaluate -> checkpoint loop (run it in a thread).
 
-    Topic and group names are parameters so tests and the bench can run it on their own topics.
-    ``on_anomaly`` (optional) is called with each produced anomaly payload (tests, bench).
+    Topic and group names are parameters so tests and the bench can use their own topics;
+    ``partitions``/``buckets``: partition counts of the source/partials topic. ``on_anomaly``
+    (optional) is called with each produced anomaly payload (tests, bench).
     """
 
     def __init__(
@@ -104,7 +120,10 @@ class AnomalyDetector(ConsumerLoop):
         source_topic: str = PLAYBACK_EVENT.name,
         anomaly_topic: str = ANOMALY.name,
         changelog_topic: str = CHANGELOG_TOPIC,
+        partials_topic: str = ANOMALY_WINDOW_PARTIALS.name,
+        merge_changelog_topic: str = MERGE_CHANGELOG_TOPIC,
         partitions: int = PLAYBACK_EVENT.partitions,
+        buckets: int = ANOMALY_WINDOW_PARTIALS.partitions,
         group_id: str | None = None,
         state_dir: Path | None = None,
         on_anomaly: Callable[[dict[str, Any]], None] | None = None,
@@ -115,7 +134,10 @@ class AnomalyDetector(ConsumerLoop):
         self.source_topic = source_topic
         self.anomaly_topic = anomaly_topic
         self.changelog_topic = changelog_topic
+        self.partials_topic = partials_topic
+        self.merge_changelog_topic = merge_changelog_topic
         self.partitions = partitions
+        self.buckets = buckets
         self.group_id = group_id or consumer_group_id(GROUP)
         super().__init__(
             consumer_config(
@@ -131,7 +153,7 @@ class AnomalyDetector(ConsumerLoop):
                     "queued.max.messages.kbytes": 65_536,
                 },
             ),
-            [source_topic],
+            [source_topic, partials_topic],
         )
         self.state_dir = window_store_dir(settings, state_dir or self.anomaly_settings.state_dir)
         self.on_anomaly = on_anomaly
@@ -139,6 +161,13 @@ class AnomalyDetector(ConsumerLoop):
             self.rules,
             lateness_windows=self.anomaly_settings.lateness_windows,
             max_future_ms=self.anomaly_settings.max_future_s * 1000,
+        )
+        self.merger = Merger(self.rules, sources=partitions)
+        self._window_states = StateTopic(
+            source_topic, changelog_topic, "p", PartitionState.from_bytes, PartitionState
+        )
+        self._merge_states = StateTopic(
+            partials_topic, merge_changelog_topic, "m", MergeState.from_bytes, MergeState
         )
         self.processed = 0
         self.anomalies = 0
@@ -154,8 +183,13 @@ class AnomalyDetector(ConsumerLoop):
 
     @property
     def states(self) -> dict[int, PartitionState]:
-        """The window state of each owned partition."""
+        """The stage-1 window state of each owned source partition."""
         return self.windows.states
+
+    def assigned_partitions(self) -> list[tuple[str, int]]:
+        """``(topic, partition)`` of every partition whose state this detector holds."""
+        owned = [(self.source_topic, p) for p in list(self.states)]
+        return owned + [(self.partials_topic, p) for p in list(self.merger.states)]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -177,7 +211,16 @@ class AnomalyDetector(ConsumerLoop):
 
     def run(self) -> None:
         """Consume until :meth:`stop`; checkpoint and leave the group on the way out."""
-        ensure_changelog(self.settings, self.partitions, topic=self.changelog_topic)
+        settings = self.settings
+        ensure_state_topic(
+            settings, ANOMALY_WINDOW_CHANGELOG, topic=self.changelog_topic, partitions=self.partitions
+        )
+        ensure_state_topic(
+            settings, ANOMALY_WINDOW_PARTIALS, topic=self.partials_topic, partitions=self.buckets
+        )
+        ensure_state_topic(
+            settings, ANOMALY_MERGE_CHANGELOG, topic=self.merge_changelog_topic, partitions=self.buckets
+        )
         self._store = WindowStore(Path(self.state_dir))
         self._producer = Producer(self._producer_config())
         consumer = self._consumer = self.open()
@@ -191,8 +234,8 @@ class AnomalyDetector(ConsumerLoop):
                     self.process(messages)
                 self.close_windows()
                 if time.monotonic() - self._last_checkpoint >= interval:
-                    self.checkpoint(list(self.states))
-            self.checkpoint(list(self.states))
+                    self.checkpoint(list(self.states), list(self.merger.states))
+            self.checkpoint(list(self.states), list(self.merger.states))
         finally:
             try:
                 self.close()
@@ -205,26 +248,41 @@ class AnomalyDetector(ConsumerLoop):
     # -- hot path ----------------------------------------------------------------------------
 
     def process(self, messages: Sequence[Message]) -> None:
-        """Count a batch of messages into the windows of their partitions."""
+        """Count a batch of source messages into their windows; merge partials records."""
         windows = self.windows
+        source = self.source_topic
         now_ms = time.time_ns() // 1_000_000
         run: list[tuple[int, int, Any]] = []
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == _EOF:
-                    if run:
-                        self._count(run, now_ms)
-                        run = []
-                    windows.reached_end(message.partition())
+                    if message.topic() == source:
+                        if run:
+                            self._count(run, now_ms)
+                            run = []
+                        windows.reached_end(message.partition())
                     continue
                 if error.fatal():
                     raise KafkaException(error)
                 log.warning("consumer error: %s", error.str())
                 continue
+            if message.topic() != source:
+                self._merge(message)
+                continue
             run.append((message.partition(), message.offset(), _decode(message.value())))
         if run:
             self._count(run, now_ms)
+
+    def _merge(self, message: Message) -> None:
+        partial: Partial | None
+        try:
+            partial = decode_partial(message.value())
+        except ValueError as exc:
+            log.warning("partials record %d@%d skipped: %s", message.partition(), message.offset(), exc)
+            ANOMALY_SKIPPED_EVENTS.labels("undecodable_partial").inc()
+            partial = None
+        self.merger.add(message.partition(), message.offset(), partial)
 
     def _count(self, run: list[tuple[int, int, Any]], now_ms: int) -> None:
         tally = self.windows.count(run, now_ms)
@@ -247,16 +305,28 @@ class AnomalyDetector(ConsumerLoop):
         return self.windows.watermark()
 
     def close_windows(self) -> int:
-        """Evaluate, emit and forget every window the watermark has passed; returns how many."""
+        """Stage 1: close passed windows and send their partials; stage 2: evaluate complete
+        windows and emit their findings. Returns how many windows stage 2 evaluated."""
         watermark = self.windows.watermark()
-        if watermark < 0:
-            return 0
-        closed = self.windows.close(watermark)
+        if watermark >= 0:
+            for close in self.windows.close(watermark):
+                self._send_partials(close)
+            ANOMALY_WATERMARK.set(watermark)
+        closed = self.merger.close()
         for window in closed:
             self._emit(window)
-        ANOMALY_WATERMARK.set(watermark)
-        ANOMALY_OPEN_WINDOWS.set(self.windows.open_windows())
+        ANOMALY_OPEN_WINDOWS.set(self.windows.open_windows() + self.merger.open_windows())
         return len(closed)
+
+    def _send_partials(self, close: PartitionClose) -> None:
+        producer = self._producer
+        assert producer is not None
+        key = str(close.partition).encode()
+        for bucket, record in enumerate(encode_partials(close, self.buckets)):
+            producer.produce(
+                self.partials_topic, record, key, partition=bucket, on_delivery=self._on_delivery
+            )
+        producer.poll(0)
 
     def _emit(self, window: ClosedWindow) -> None:
         producer = self._producer
@@ -291,98 +361,79 @@ class AnomalyDetector(ConsumerLoop):
             errors, self._delivery_errors = self._delivery_errors, []
             raise DependencyUnavailable(f"{what}: {remaining} undelivered, errors {errors[:5]}")
 
-    def checkpoint(self, partitions: Iterable[int]) -> int:
-        """Snapshot the changed ``partitions`` (local + changelog, acked) then commit; returns count."""
+    def checkpoint(self, sources: Iterable[int], buckets: Iterable[int] = ()) -> int:
+        """Snapshot the changed states of source partitions ``sources`` and partials partitions
+        ``buckets`` (local + changelog, acked), then commit their offsets; returns how many."""
         self._last_checkpoint = time.monotonic()
-        owned = (self.states.get(p) for p in partitions)
+        owned = (self.states.get(p) for p in sources)
         changed = [s for s in owned if s is not None and s.dirty and s.offset is not None]
-        if not changed:
+        owned_merges = (self.merger.states.get(p) for p in buckets)
+        merged = [s for s in owned_merges if s is not None and s.dirty and s.offset is not None]
+        if not changed and not merged:
             return 0
         started = time.perf_counter()
-        # 1. anomalies first: a snapshot must never be ahead of undelivered findings
-        self._flush("anomaly events")
-        store, producer, consumer = self._store, self._producer, self._consumer
-        assert store is not None and producer is not None and consumer is not None
+        # 1. partials and anomalies first: a snapshot must never be ahead of undelivered output
+        self._flush("partials and anomaly events")
         max_pairs = self.anomaly_settings.snapshot_max_pairs
         for state in changed:
-            snapshot = state.to_bytes(max_pairs)
-            store.put(state.partition, snapshot)
-            producer.produce(
-                self.changelog_topic,
-                snapshot,
-                str(state.partition).encode(),
-                partition=state.partition,
-                on_delivery=self._on_delivery,
-            )
+            self._snapshot(self._window_states, state.partition, state.to_bytes(max_pairs))
+        for merge in merged:
+            self._snapshot(self._merge_states, merge.partition, merge.to_bytes(max_pairs))
         # 2. snapshots acknowledged (acks=all) before the commit
         self._flush("window snapshots")
+        consumer = self._consumer
+        assert consumer is not None
         offsets = [TopicPartition(self.source_topic, s.partition, s.offset) for s in changed]
+        offsets += [TopicPartition(self.partials_topic, m.partition, m.offset) for m in merged]
         consumer.commit(offsets=offsets, asynchronous=False)
-        for state in changed:
-            state.dirty = False
+        done: list[PartitionState | MergeState] = [*changed, *merged]
+        for snapshotted in done:
+            snapshotted.dirty = False
         ANOMALY_CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
-        return len(changed)
+        return len(changed) + len(merged)
 
-    def _restore(self, consumer: Consumer, partitions: list[int]) -> dict[int, PartitionState]:
-        store = self._store
-        assert store is not None
-        committed = {
-            tp.partition: tp.offset
-            for tp in consumer.committed(
-                [TopicPartition(self.source_topic, p) for p in partitions], timeout=30
-            )
-        }
-        restored: dict[int, PartitionState] = {}
-        need_changelog: list[int] = []
-        for partition in partitions:
-            raw = store.get(partition)
-            state = PartitionState.from_bytes(raw) if raw else None
-            floor = committed.get(partition, OFFSET_INVALID)
-            if state is not None and state.offset is not None and (floor < 0 or state.offset >= floor):
-                restored[partition] = state
-            else:
-                need_changelog.append(partition)
-                if state is not None:
-                    restored[partition] = state
-        if need_changelog:
-            snapshots = read_changelog(self.settings, need_changelog, topic=self.changelog_topic)
-            for partition, raw in snapshots.items():
-                remote = PartitionState.from_bytes(raw)
-                local = restored.get(partition)
-                if local is None or (remote.offset or 0) >= (local.offset or 0):
-                    restored[partition] = remote
-        sources = {p: ("local" if p not in need_changelog else "changelog") for p in restored}
-        log.info("anomaly: restored %d of %d partitions (%s)", len(restored), len(partitions), sources)
-        for partition in partitions:
-            restored.setdefault(partition, PartitionState(partition))
-        return restored
+    def _snapshot(self, states: StateTopic[Any], partition: int, snapshot: bytes) -> None:
+        store, producer = self._store, self._producer
+        assert store is not None and producer is not None
+        store.put(partition, snapshot, states.kind)
+        key = str(partition).encode()
+        producer.produce(states.changelog, snapshot, key, partition=partition, on_delivery=self._on_delivery)
 
     # -- rebalance -----------------------------------------------------------------------------
 
+    def _split(self, partitions: list[TopicPartition]) -> tuple[list[int], list[int]]:
+        """Source partition numbers and partials partition numbers of ``partitions``."""
+        sources = [tp.partition for tp in partitions if tp.topic == self.source_topic]
+        return sources, [tp.partition for tp in partitions if tp.topic != self.source_topic]
+
     def on_assigned(self, partitions: list[TopicPartition]) -> None:
-        """Restore each partition's snapshot and seek to the offset stored in it."""
-        consumer = self._consumer
-        assert consumer is not None
-        numbers = [tp.partition for tp in partitions]
-        states = self._restore(consumer, numbers)
+        """Restore each partition's snapshot (either stage) and seek to the offset stored in it."""
+        consumer, store = self._consumer, self._store
+        assert consumer is not None and store is not None
+        sources, buckets = self._split(partitions)
+        states = restore_states(self.settings, store, consumer, self._window_states, sources)
+        merges = restore_states(self.settings, store, consumer, self._merge_states, buckets)
         assignment = []
         for tp in partitions:
-            state = states[tp.partition]
+            state = states[tp.partition] if tp.topic == self.source_topic else merges[tp.partition]
             offset = state.offset if state.offset is not None else tp.offset
             assignment.append(TopicPartition(tp.topic, tp.partition, offset))
         self.windows.adopt(states)
+        self.merger.adopt(merges)
         consumer.assign(assignment)
-        log.info("anomaly: assigned partitions %s", numbers)
+        log.info("anomaly: assigned source partitions %s, partials partitions %s", sources, buckets)
 
     def on_revoked(self, partitions: list[TopicPartition], lost: bool) -> None:
         """Revoked: checkpoint then forget; lost: just forget (the next owner restores)."""
-        numbers = [tp.partition for tp in partitions]
+        sources, buckets = self._split(partitions)
         if lost:
-            self.windows.forget(numbers)
-            log.warning("anomaly: lost partitions %s (state is restored by their next owner)", numbers)
+            self.windows.forget(sources)
+            self.merger.forget(buckets)
+            log.warning("anomaly: lost partitions %s / %s (restored by their next owner)", sources, buckets)
             return
         try:
-            self.checkpoint(numbers)
+            self.checkpoint(sources, buckets)
         finally:
-            self.windows.forget(numbers)
-        log.info("anomaly: revoked partitions %s", numbers)
+            self.windows.forget(sources)
+            self.merger.forget(buckets)
+        log.info("anomaly: revoked source partitions %s, partials partitions %s", sources, buckets)

@@ -28,8 +28,7 @@ The last two are checked per event (:meth:`WindowAgg.add`) but reported once per
 anomaly topic. Every finding has a deterministic id (:func:`anomaly_id`: uuid5 of rule, key and
 window start), so evaluating the same window again (a replay after a crash) yields the same ids.
 
-EWMA baselines, kept per source partition and summed at evaluation, are in
-:mod:`app.playback.anomaly.baselines`.
+EWMA baselines (kept by stage 2, per code) are in :mod:`app.playback.anomaly.baselines`.
 """
 
 from __future__ import annotations
@@ -174,12 +173,14 @@ class WindowAgg:
             if entry[1] > mine[1]:
                 mine[1:6] = entry[1:6]
 
-    def to_json(self, max_pairs: int) -> dict[str, Any]:
-        """JSON-ready form. Pairs seen once are left out (they cannot make a replay finding on
-        their own; at worst a restored window undercounts a pair by one), and at most
-        ``max_pairs`` of the biggest are kept: the snapshot stays bounded."""
-        pairs = [(k, n) for k, n in self.pairs.items() if n >= 2]
-        if len(pairs) > max_pairs:
+    def to_json(self, max_pairs: int | None, min_pair_count: int = 2) -> dict[str, Any]:
+        """JSON-ready form. For snapshots pairs seen once are left out (they cannot make a replay
+        finding on their own; at worst a restored window undercounts a pair by one), and at most
+        ``max_pairs`` of the biggest are kept: the snapshot stays bounded. Partials for stage 2
+        keep every pair (``max_pairs=None, min_pair_count=1``): a user's plays are spread over
+        the source partitions, one or two in each."""
+        pairs = [(k, n) for k, n in self.pairs.items() if n >= min_pair_count]
+        if max_pairs is not None and len(pairs) > max_pairs:
             pairs.sort(key=lambda kv: kv[1], reverse=True)
             del pairs[max_pairs:]
         return {

@@ -1,15 +1,18 @@
-"""Event-time tumbling windows of the anomaly detector: counting, watermark and closing (pure).
+"""Stage 1 of the anomaly detector: event-time windows per source partition (pure).
 
 The detector keeps one :class:`PartitionState` per owned partition of ``topic.playback.event``
 in a :class:`Windows`; it feeds decoded events in as ``(partition, offset, envelope)`` triples
-and closes the windows the watermark has passed. Nothing here touches Kafka, faust or a clock:
-the caller passes the wall clock in and does the I/O (producing findings, snapshots, metrics).
+and closes the windows the watermark has passed. Closing does not evaluate anything: each owned
+partition reports its closed windows as a :class:`PartitionClose` (its *partial* aggregates and
+how far it has closed), which the detector sends to stage 2 (:mod:`~app.playback.anomaly.merge`)
+where the partials of every source partition meet. Nothing here touches Kafka, faust or a clock:
+the caller passes the wall clock in and does the I/O (producing partials, snapshots, metrics).
 
 Event time
     Tumbling windows of ``window_ms`` on the envelope ``timestamp``. Each partition's watermark
     is the max event time seen in it; the watermark of all windows is the minimum over the
     partitions that still have data to read (a partition at its end of log does not hold time
-    back). A window closes -- is evaluated and forgotten -- once the watermark passes its end
+    back). A window closes -- is handed to stage 2 and forgotten -- once the watermark passes its end
     plus ``lateness_windows`` windows.
 Lateness
     An event whose window has already closed is *late*: counted and dropped, never re-opening a
@@ -29,12 +32,11 @@ from typing import Any, Final
 
 import orjson
 
-from app.playback.anomaly.baselines import Baseline, merge_baselines, update_baseline
-from app.playback.anomaly.rules import Finding, RuleConfig, WindowAgg, evaluate_window, merge_windows
+from app.playback.anomaly.rules import RuleConfig, WindowAgg
 
 __all__ = [
     "SNAPSHOT_VERSION",
-    "ClosedWindow",
+    "PartitionClose",
     "PartitionState",
     "Tally",
     "Windows",
@@ -42,7 +44,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_VERSION: Final = 1
+SNAPSHOT_VERSION: Final = 2
+#: Snapshot versions :meth:`PartitionState.from_bytes` reads (v1 also held a partial baseline,
+#: now kept by stage 2: it is ignored).
+_READABLE_VERSIONS: Final = frozenset({1, SNAPSHOT_VERSION})
 #: Decoding failures of an envelope: the event is skipped as undecodable.
 _UNDECODABLE: Final = (KeyError, TypeError, ValueError, AttributeError)
 
@@ -59,7 +64,6 @@ class PartitionState:
     #: Windows starting before this are closed: events for them are late (epoch ms).
     closed_until: int = 0
     windows: dict[int, WindowAgg] = field(default_factory=dict)
-    baseline: Baseline = field(default_factory=Baseline)
     #: Late events dropped so far (diagnostics).
     late: int = 0
     #: Event ids of name-based (uuid5) events counted per open window, for dedup (not persisted).
@@ -78,7 +82,6 @@ class PartitionState:
                 "closed_until": self.closed_until,
                 "late": self.late,
                 "windows": {str(start): agg.to_json(max_pairs) for start, agg in self.windows.items()},
-                "baseline": self.baseline.to_json(),
             }
         )
 
@@ -86,7 +89,7 @@ class PartitionState:
     def from_bytes(cls, raw: bytes) -> PartitionState:
         """Inverse of :meth:`to_bytes` (``ValueError`` for an unknown snapshot version)."""
         data: Mapping[str, Any] = orjson.loads(raw)
-        if data.get("v") != SNAPSHOT_VERSION:
+        if data.get("v") not in _READABLE_VERSIONS:
             raise ValueError(f"unknown anomaly snapshot version {data.get('v')!r}")
         offset = data.get("offset")
         return cls(
@@ -95,7 +98,6 @@ class PartitionState:
             watermark=int(data.get("watermark", -1)),
             closed_until=int(data.get("closed_until", 0)),
             windows={int(k): WindowAgg.from_json(v) for k, v in data.get("windows", {}).items()},
-            baseline=Baseline.from_json(data.get("baseline", {})),
             late=int(data.get("late", 0)),
         )
 
@@ -112,16 +114,18 @@ class Tally:
 
 
 @dataclass(frozen=True, slots=True)
-class ClosedWindow:
-    """One window evaluated over every partition that had events in it."""
+class PartitionClose:
+    """One source partition closed every window before ``until`` (those since ``since`` are new).
 
-    start: int
-    end: int
-    #: Events of the window, all partitions merged.
-    events: int
-    #: Source partitions that contributed, ascending.
-    partitions: list[int]
-    findings: list[Finding]
+    ``windows`` holds the partition's aggregates of the newly closed windows that had events;
+    a partition without events in them still reports its progress (stage 2 needs every source
+    partition's ``until`` to know a window is complete).
+    """
+
+    partition: int
+    since: int
+    until: int
+    windows: dict[int, WindowAgg]
 
 
 class Windows:
@@ -238,47 +242,31 @@ class Windows:
             return min(reading)
         return max((s.watermark for s in self.states.values()), default=-1)
 
-    def close(self, watermark: int) -> list[ClosedWindow]:
-        """Evaluate and forget every window ``watermark`` has passed, oldest first.
+    def close(self, watermark: int) -> list[PartitionClose]:
+        """Close every window ``watermark`` has passed in each owned partition (no evaluation).
 
-        The windows of all partitions are merged before evaluation, each partition's baseline
-        then folds in its own share; later events of a closed window are late.
+        Every owned partition whose closed bound advances reports it, with its closed windows;
+        later events of a closed window are late.
         """
         if watermark < 0:
             return []
-        states = self.states
-        rules = self.rules
-        window_ms = rules.window_ms
+        window_ms = self.rules.window_ms
         bound = watermark - self.lateness_windows * window_ms - window_ms
         closable = bound - bound % window_ms + window_ms if bound >= 0 else 0
-        starts = sorted({start for s in states.values() for start in s.windows if start < closable})
-        closed: list[ClosedWindow] = []
-        for start in starts:
-            parts = [(s, s.windows.pop(start)) for s in states.values() if start in s.windows]
-            for s, _ in parts:
-                s.seen.pop(start, None)
-            merged = merge_windows(agg for _, agg in parts)
-            baseline = merge_baselines((s.baseline for s in states.values()), codes=merged.codes)
-            findings = evaluate_window(merged, baseline, rules)
-            log.debug(
-                "window %d closed: %d events from %d partitions, %d findings, watermark %d",
-                start,
-                merged.events,
-                len(parts),
-                len(findings),
-                watermark,
-            )
-            partitions = sorted(s.partition for s, _ in parts)
-            closed.append(ClosedWindow(start, start + window_ms, merged.events, partitions, findings))
-            contributed = {s.partition: agg for s, agg in parts}
-            for s in states.values():
-                update_baseline(s.baseline, contributed.get(s.partition), start, rules, baseline.codes)
-                s.dirty = True
-        for s in states.values():
-            if s.closed_until < closable:
-                s.closed_until = closable
-                s.dirty = True
-        return closed
+        closes: list[PartitionClose] = []
+        for state in self.states.values():
+            if state.closed_until >= closable:
+                continue
+            starts = sorted(start for start in state.windows if start < closable)
+            closed = {start: state.windows.pop(start) for start in starts}
+            for start in starts:
+                state.seen.pop(start, None)
+            closes.append(PartitionClose(state.partition, state.closed_until, closable, closed))
+            state.closed_until = closable
+            state.dirty = True
+        if closes:
+            log.debug("closed windows before %d in %d partitions", closable, len(closes))
+        return closes
 
     def open_windows(self) -> int:
         """Open windows summed over the owned partitions."""

@@ -32,6 +32,11 @@ def envelope(ts: int, *, event_id: str | None = None, code: str = CODE, user: st
     }
 
 
+def events(closed: dict[int, Any]) -> dict[int, int]:
+    """Window start -> event count of a close's windows."""
+    return {start: agg.events for start, agg in closed.items()}
+
+
 def windows(*partitions: int, lateness_windows: int = 1, replay_min_count: int = 30) -> Windows:
     """Windows owning fresh states of ``partitions``."""
     owned = Windows(
@@ -60,10 +65,12 @@ def test_a_window_closes_only_once_the_watermark_passes_its_end_plus_the_latenes
     owned = windows(0, lateness_windows=1)
     owned.count([(0, 0, envelope(T0 + 5))], NOW)
     owned.count([(0, 1, envelope(T0 + 2 * W - 1))], NOW)  # end of window 1: window 0 within lateness
-    assert owned.close(owned.watermark()) == []
+    progress = owned.close(owned.watermark())  # only the progress: nothing before T0
+    assert [(c.partition, c.since, c.until, c.windows) for c in progress] == [(0, 0, T0, {})]
     owned.count([(0, 2, envelope(T0 + 2 * W))], NOW)  # window 2 begins: window 0 is 1 window late
     closed = owned.close(owned.watermark())
-    assert [(c.start, c.end, c.events) for c in closed] == [(T0, T0 + W, 1)]
+    assert [(c.partition, c.since, c.until, events(c.windows)) for c in closed] == [(0, T0, T0 + W, {T0: 1})]
+    assert owned.close(owned.watermark()) == []  # nothing new to report
     assert sorted(owned.states[0].windows) == [T0 + W, T0 + 2 * W]
     assert owned.states[0].closed_until == T0 + W
 
@@ -75,7 +82,7 @@ def test_late_events_count_within_the_lateness_and_are_dropped_after_it() -> Non
     assert (within.counted, within.late) == (1, 0)
     assert owned.states[0].windows[T0].events == 2
     owned.count([(0, 3, envelope(T0 + 2 * W + 5))], NOW)
-    assert [c.events for c in owned.close(owned.watermark())] == [2]
+    assert [events(c.windows) for c in owned.close(owned.watermark())] == [{T0: 2}]
     after = owned.count([(0, 4, envelope(T0 + 20))], NOW)  # window 0 closed: late
     assert (after.counted, after.late) == (0, 1)
     assert T0 not in owned.states[0].windows  # a late event never re-opens its window
@@ -96,20 +103,21 @@ def test_the_watermark_is_the_slowest_partition_with_data_to_read() -> None:
     assert owned.watermark() == T0 + 3 * W
 
 
-def test_closing_merges_the_partitions_and_reports_counts_and_findings() -> None:
-    owned = windows(0, 1, lateness_windows=0, replay_min_count=4)
-    replayer = "sha256:" + "cd" * 32
-    owned.count([(0, i, envelope(T0 + i, user=replayer)) for i in range(3)], NOW)
-    owned.count([(1, i, envelope(T0 + 100 + i, user=replayer)) for i in range(2)], NOW)
-    owned.count([(1, 2, envelope(T0 + 200))], NOW)
-    owned.count([(0, 3, envelope(T0 + W)), (1, 3, envelope(T0 + W))], NOW)
+def test_closing_reports_every_owned_partition_even_without_events() -> None:
+    """Stage 2 needs each source partition's progress, so idle partitions report it too."""
+    owned = windows(0, 1, 2, lateness_windows=0)
+    owned.count([(0, i, envelope(T0 + i)) for i in range(3)], NOW)
+    owned.count([(1, 0, envelope(T0 + 100)), (1, 1, envelope(T0 + W))], NOW)
+    owned.count([(0, 3, envelope(T0 + W))], NOW)
+    owned.reached_end(2)
     closed = owned.close(owned.watermark())
-    assert len(closed) == 1
-    window = closed[0]
-    assert (window.start, window.end, window.events, window.partitions) == (T0, T0 + W, 6, [0, 1])
-    replay = [f for f in window.findings if f.rule == "user_replay"]
-    assert len(replay) == 1 and replay[0].observed == 5 and replay[0].user_hash == replayer
+    assert [(c.partition, c.since, c.until, events(c.windows)) for c in closed] == [
+        (0, 0, T0 + W, {T0: 3}),
+        (1, 0, T0 + W, {T0: 1}),
+        (2, 0, T0 + W, {}),
+    ]
     assert all(T0 not in s.windows and T0 not in s.seen for s in owned.states.values())
+    assert all(s.closed_until == T0 + W for s in owned.states.values())
     assert owned.open_windows() == 2
 
 
