@@ -1,4 +1,5 @@
-"""The DLQ service's consumer: configuration and the manual assignment from the store's positions."""
+"""The DLQ service's consumer: configuration and the manual assignment of the DLQ and state topics
+from the store's positions."""
 
 from __future__ import annotations
 
@@ -27,13 +28,19 @@ def test_consumer_reads_from_the_earliest_offset_as_the_ops_dlq_group() -> None:
 
 
 def test_every_partition_is_assigned_from_the_stores_next_offset() -> None:
-    partitions = DlqService(Settings(), topic="dlq-unit").partitions
+    partitions = DlqService(Settings(), topic="dlq-unit", state_topic="state-unit").partitions
     consumer = RecordingConsumer()
     partitions.consumer = consumer
-    partitions.assign_from({2, 0, 1}, {1: 40})
+    wanted = {("dlq-unit", 2), ("dlq-unit", 0), ("dlq-unit", 1), ("state-unit", 0)}
+    partitions.assign_from(wanted, {("dlq-unit", 1): 40, ("state-unit", 0): 7})
     assert consumer.assignments == [
-        [("dlq-unit", 0, OFFSET_BEGINNING), ("dlq-unit", 1, 40), ("dlq-unit", 2, OFFSET_BEGINNING)]
+        [
+            ("dlq-unit", 0, OFFSET_BEGINNING),
+            ("dlq-unit", 1, 40),
+            ("dlq-unit", 2, OFFSET_BEGINNING),
+            ("state-unit", 0, 7),
+        ]
     ]
-    assert partitions.assigned_partitions() == {0, 1, 2}
-    partitions.assign_from({0}, {})
+    assert partitions.assigned == wanted
+    partitions.assign_from({("dlq-unit", 0)}, {})
     assert partitions.assigned == {("dlq-unit", 0)}
