@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420
 OPERATOR = ("operator", "operator-pass")
 #: The two ops replicas' stack indexes: hosts 127.0.0.2 and 127.0.0.3.
 A, B = 1, 2
-EVENTS = 6
+EVENTS = 7
 
 
 def _dead_letters(bootstrap: str, original_topic: str) -> list[str]:
@@ -187,7 +187,7 @@ def test_dlq_state_is_shared_by_replicas_and_survives_a_lost_disk(
     for dlq_id in ids:
         text = shown(stack, A, dlq_id)
         by_event[next(e for e in events if e in text)] = dlq_id
-    first, second, junk, noise, raced, untouched = (by_event[e] for e in events)
+    first, second, junk, noise, raced, untouched, contested = (by_event[e] for e in events)
 
     # actions on both replicas, through the CLI
     code, out = avcc(stack, A, "dlq", "reinject", first, second, "--operator", "alice")
@@ -210,9 +210,19 @@ def test_dlq_state_is_shared_by_replicas_and_survives_a_lost_disk(
     assert sorted(answers) in ([200, 409], [200, 200]), answers
     accepted = answers.count(200)
     print(f"concurrent re-injection answers: {answers}")
+    # the same discard on both replicas at once: exactly one wins, whichever way they interleave
+    dup = {"reason": "dup"}
+    with ThreadPoolExecutor(2) as pool:
+        discards = list(
+            pool.map(
+                lambda i: post(stack, i, f"/dlq/{contested}/discard", {"operator": f"op{i}", **dup}),
+                (A, B),
+            )
+        )
+    assert sorted(discards) == [200, 409], discards
 
     expected = {first: "reinjected", second: "reinjected", junk: "discarded", noise: "discarded"}
-    expected |= {raced: "reinjected", untouched: "new"}
+    expected |= {raced: "reinjected", untouched: "new", contested: "discarded"}
     view = wait_for(lambda: (out := listing(stack, A, original)) and statuses(out) == expected and out, 60)
     wait_for(lambda: listing(stack, B, original) == view, 60, 0.5)
     details = {dlq_id: shown(stack, A, dlq_id) for dlq_id in ids}
@@ -224,7 +234,7 @@ def test_dlq_state_is_shared_by_replicas_and_survives_a_lost_disk(
     )
     assert "alice (via operator) reinject" in details[first] and "(re-injection 1)" in details[first]
     assert details[raced].count(" reinject ") == accepted and f"re-injections={accepted}/3" in details[raced]
-    assert "audit trail:\n  (none)" in details[untouched]
+    assert "audit trail:\n  (none)" in details[untouched] and details[contested].count(" discard dup") == 1
     wait_for(lambda: len(reinjected_events(module_tansu.bootstrap, original)) >= 2 + accepted, 30)
     time.sleep(1.0)
     produced = reinjected_events(module_tansu.bootstrap, original)
