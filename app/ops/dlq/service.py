@@ -34,7 +34,7 @@ from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import DLQ_INDEXED
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import DLQ, DLQ_STATE
-from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path
+from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path, ensure_state_topic
 
 __all__ = ["DlqPartitions", "DlqService", "install_dlq"]
 
@@ -125,7 +125,12 @@ class DlqService(Service):
         if self._dispatcher is None:
             self._dispatcher = dispatcher_from_settings(self.settings)
         await self.partitions.call(self.partitions.open)
-        self._producer = await asyncio.get_running_loop().run_in_executor(
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, ensure_state_topic, self.settings, self.state_topic)
+        except Exception as exc:  # broker not there yet: the assignment loop waits for the topic
+            log.warning("could not ensure the DLQ state topic %s: %r", self.state_topic, exc)
+        self._producer = await loop.run_in_executor(
             None, verified_producer, self.settings, "core", "avcc-ops-dlq"
         )
         self._store.sender = self._producer
