@@ -143,6 +143,10 @@ class DlqConsole:
         assert self.service is not None
         return self.service.store
 
+    def readiness(self) -> tuple[bool, str]:
+        """``/ready`` condition of the console's ops worker (see :meth:`DlqService.readiness`)."""
+        return self.service.readiness() if self.service is not None else (True, "")
+
     def guarded(
         self, route: str, handler: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
     ) -> Handler:

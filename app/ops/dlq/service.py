@@ -103,6 +103,9 @@ class DlqService(Service):
             [topic, state_topic],
         )
         self._next_assign_check = 0.0
+        #: End offsets at the first assignment; the view is complete once the store reached them.
+        self._catch_up: dict[Position, int] | None = None
+        self.caught_up = False
         self._pending: set[asyncio.Task[Any]] = set()
         self.indexed = 0
 
@@ -153,6 +156,7 @@ class DlqService(Service):
                     await self._handle(message)
                 if messages:
                     await self._commit()
+                self._check_caught_up()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep indexing after transient broker errors
@@ -180,6 +184,33 @@ class DlqService(Service):
         offsets = self._positions()
         await self.partitions.call(self.partitions.assign_from, partitions, offsets)
         log.info("DLQ indexer reading %s from %s", sorted(partitions), offsets)
+        if self._catch_up is None:
+            self._catch_up = await self.partitions.call(self._end_offsets, partitions)
+
+    def _end_offsets(self, partitions: set[Position]) -> dict[Position, int]:
+        """End offsets of ``partitions`` (on the consumer's thread)."""
+        consumer = self.partitions.consumer
+        assert consumer is not None
+        return {
+            (t, p): int(consumer.get_watermark_offsets(TopicPartition(t, p), 10.0)[1]) for t, p in partitions
+        }
+
+    def _check_caught_up(self) -> None:
+        if self.caught_up or self._catch_up is None:
+            return
+        positions = self._positions()
+        if all(positions.get(tp, 0) >= end for tp, end in self._catch_up.items()):
+            self.caught_up = True
+            log.info("DLQ view complete: dead letters and operator state read up to %s", self._catch_up)
+
+    def readiness(self) -> tuple[bool, str]:
+        """The ops worker's ``/ready`` condition: the view holds every dead letter and operator
+        change that existed when this replica started (a rebuilt store is not served half-read)."""
+        if not self.ready:
+            return False, "DLQ store opening"
+        if not self.caught_up:
+            return False, "reading the dead letters and their operator state"
+        return True, ""
 
     def _positions(self) -> dict[Position, int]:
         """The store's next offsets of both topics."""
