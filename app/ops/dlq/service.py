@@ -151,7 +151,8 @@ class DlqService(Service):
                 if consumer is None or not self.partitions.assigned:
                     await self.sleep(1.0)
                     continue
-                messages = await self.partitions.call(consumer.consume, 200, 0.5)
+                # a short poll: operator actions wait for this loop to apply their own change
+                messages = await self.partitions.call(consumer.consume, 200, 0.1)
                 for message in messages:
                     await self._handle(message)
                 if messages:
