@@ -87,8 +87,11 @@ async def lag_json_page(self: faust.web.View, request: faust.web.Request) -> fau
 # ----------------------------------------------------------------------------- DLQ console
 # The DLQ console (list / show / re-inject / discard, app/ops/dlq): a service with its own DLQ
 # consumer and RocksDB store (tables/ops.py), plus the console's views. It adds no agents or
-# tables, so this App's faust consumer stays off. Run one ops worker (the DLQ store is local to it).
+# tables, so this App's faust consumer stays off. Any number of ops workers may run: each one's
+# store is a cache of the DLQ and its state topic (tables/ops.py), so all serve one view.
 console = install_console(app, get_settings())
+# Ready once the DLQ view is complete (every ops replica rebuilds it from Kafka on start).
+common.ready_check = console.readiness
 
 # The partner API document as HTML (app/ops/api_docs.py), behind the operator login.
 install_api_docs(app)

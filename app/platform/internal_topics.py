@@ -13,9 +13,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from app.platform.groups import GROUPS, GroupSpec
-from app.platform.topics import DAY_MS, INFINITE, NONCES, TopicSpec
+from app.platform.topics import DAY_MS, DLQ_STATE, INFINITE, NONCES, TopicSpec
 
-__all__ = ["changelog_specs", "group_app", "reply_specs", "worker_topics"]
+__all__ = ["STATE_TOPICS", "changelog_specs", "group_app", "reply_specs", "worker_topics"]
+
+#: State topics a group keeps besides faust table changelogs (created with them).
+STATE_TOPICS: dict[str, tuple[TopicSpec, ...]] = {"ops": (DLQ_STATE,)}
 
 
 def group_app(group: GroupSpec) -> Any:
@@ -24,9 +27,11 @@ def group_app(group: GroupSpec) -> Any:
 
 
 def changelog_specs(groups: Iterable[GroupSpec] = GROUPS) -> list[TopicSpec]:
-    """A compacted topic per table of each group, partitioned like the table."""
+    """A compacted topic per table of each group, partitioned like the table, and the group's
+    other state topics (:data:`STATE_TOPICS`)."""
     specs: list[TopicSpec] = []
     for group in groups:
+        specs.extend(STATE_TOPICS.get(group.name, ()))
         app = group_app(group)
         for table in app.tables.values():
             specs.append(

@@ -23,6 +23,7 @@ __all__ = [
     "CODE_REVIEW_FINISHED",
     "DAY_MS",
     "DLQ",
+    "DLQ_STATE",
     "INFINITE",
     "NONCES",
     "PLAYBACK_EVENT",
@@ -124,6 +125,23 @@ DLQ = TopicSpec(
     key_field="original key",
     profile="core",
     purpose="dead letters of every consumer, kept until an operator handles them",
+)
+#: Operator state of the dead letters (status, audit trail, re-injection counts and claims), as a
+#: log of versioned changes keyed by ``group|event id`` (:mod:`app.ops.dlq.state`). Every ops
+#: replica reads it from the beginning into its local store, so a lost disk is rebuilt and all
+#: replicas serve one view. Kept whole (``delete``, infinite retention) rather than compacted:
+#: compaction keeps the *last* record of a key, which after two concurrent actions can be the one
+#: the version check refused; the volume is one record per operator action. Not in TOPIC_PLAN (no
+#: envelope contract, only the ops group reads or writes it): :mod:`app.platform.internal_topics`
+#: lists it with the ops group's internal topics.
+DLQ_STATE = TopicSpec(
+    name="topic.system.dlq.state",
+    partitions=3,
+    retention_ms=INFINITE,
+    cleanup_policy="delete",
+    key_field="consumer group | event id",
+    profile="core",
+    purpose="operator actions on dead letters (status, audit trail, re-injections), shared by ops replicas",
 )
 #: Retry topic: 6 partitions because it carries the core topics' keys at their own partition
 #: count (a record's retried events stay in one partition, in order), and its volume is a small

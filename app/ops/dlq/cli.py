@@ -38,6 +38,8 @@ __all__ = [
     "terminal_safe",
 ]
 
+#: How long ``avcc dlq reinject --topic/--error-class`` waits for the whole batch.
+BULK_TIMEOUT_S = 900.0
 #: ``user:password`` of the operator the CLI logs in as.
 OPERATOR_ENV = "AVCC_OPERATOR"
 
@@ -73,7 +75,9 @@ class ConsoleClient:
             raise ConsoleError(0, f"{OPERATOR_ENV} must look like user:password")
         return cls(console_base_url(settings), user, password)
 
-    def request(self, method: str, path: str, body: Any | None = None) -> Any:
+    def request(
+        self, method: str, path: str, body: Any | None = None, *, timeout_s: float | None = None
+    ) -> Any:
         """Call ``path``; returns the decoded JSON answer or raises :class:`ConsoleError`."""
         data = orjson.dumps(body) if body is not None else None
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
@@ -82,7 +86,7 @@ class ConsoleClient:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as response:
                 return orjson.loads(response.read())
         except urllib.error.HTTPError as exc:
             raw = exc.read()
@@ -219,7 +223,10 @@ def reinject_cmd(
             )
             return 2
         try:
-            result = client.request("POST", "/dlq/bulk-reinject", {**filters, "operator": operator})
+            # each re-injection is claimed and recorded in the shared state (~1 s): allow big batches
+            result = client.request(
+                "POST", "/dlq/bulk-reinject", {**filters, "operator": operator}, timeout_s=BULK_TIMEOUT_S
+            )
         except ConsoleError as exc:
             return _fail(exc)
         for dlq_id in result["reinjected"]:

@@ -35,6 +35,7 @@ from aiohttp import web
 
 from app.ops.dlq.entries import DlqError, DlqNotFound
 from app.ops.dlq.filters import DlqFilter
+from app.ops.dlq.journal import StateNotCaughtUp
 from app.ops.dlq.pages import (
     LIST_LIMIT,
     ROUTE_BULK,
@@ -142,6 +143,10 @@ class DlqConsole:
         assert self.service is not None
         return self.service.store
 
+    def readiness(self) -> tuple[bool, str]:
+        """``/ready`` condition of the console's ops worker (see :meth:`DlqService.readiness`)."""
+        return self.service.readiness() if self.service is not None else (True, "")
+
     def guarded(
         self, route: str, handler: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
     ) -> Handler:
@@ -167,6 +172,8 @@ class DlqConsole:
             return self._error(request, 404, str(exc))
         except ValueError as exc:
             return self._error(request, 400, str(exc))
+        except StateNotCaughtUp as exc:
+            return self._error(request, 503, str(exc))
         except DlqError as exc:
             status = 503 if "not open yet" in str(exc) else 409
             return self._error(request, status, str(exc))
@@ -279,7 +286,7 @@ class DlqConsole:
         body = await self._body(request)
         who = self._who(user, body)
         try:
-            entry = self.store.discard(dlq_id, who, _text_field(body, "reason") or "")
+            entry = await self.store.discard(dlq_id, who, _text_field(body, "reason") or "")
         except DlqError as exc:
             if _wants_json(request) or isinstance(exc, DlqNotFound):
                 raise

@@ -100,6 +100,11 @@ class AuditEntry:
             "detail": self.detail,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AuditEntry:
+        """Inverse of :meth:`as_dict` (the ISO timestamp is derived, so ignored)."""
+        return cls(data["at_ms"], data["who"], data["action"], data.get("reason"), data.get("detail"))
+
 
 @dataclass(slots=True)
 class DlqEntry:
@@ -195,10 +200,7 @@ class DlqEntry:
             received_ms=data["received_ms"],
             status=data["status"],
             reinjected_count=data["reinjected_count"],
-            audit=[
-                AuditEntry(a["at_ms"], a["who"], a["action"], a.get("reason"), a.get("detail"))
-                for a in data["audit"]
-            ],
+            audit=[AuditEntry.from_dict(a) for a in data["audit"]],
             metadata=FailureMetadata.model_construct(**meta) if meta else None,
             metadata_error=data.get("metadata_error"),
         )

@@ -1,7 +1,10 @@
-"""The ops group's DLQ service: reads ``topic.system.dlq`` into the :class:`DlqStore`, alerts, re-injects.
+"""The ops group's DLQ service: reads the DLQ and its state into the :class:`DlqStore`, alerts, re-injects.
 
-:class:`DlqService` assigns itself every partition of the DLQ topic (manual assignment from the
-store's positions, no group rebalancing) and indexes each message. New arrivals increment
+:class:`DlqService` assigns itself every partition of ``topic.system.dlq`` and of
+``topic.system.dlq.state`` (manual assignment from the store's positions, no group rebalancing):
+it indexes each dead letter and applies each operator change in log order, so every ops replica
+holds the same view, and operator actions are committed through a
+:class:`app.ops.dlq.journal.KafkaJournal` on the state topic. New arrivals increment
 ``avcc_dlq_indexed_total``, log one structured line and raise the P2 alert ``AvccDeadLetter``
 through :mod:`app.ops.alerts` (de-duplicated per group and error class). It also owns the core
 producer the store re-injects with.
@@ -21,6 +24,8 @@ from mode import Service
 
 from app.ops.alerts import AlertDispatcher, dead_letter_alert, dispatcher_from_settings
 from app.ops.dlq.entries import DlqError
+from app.ops.dlq.journal import KafkaJournal
+from app.ops.dlq.state import StateChange
 from app.ops.dlq.store import DlqStore
 from app.platform.faust.runtime import now_ms
 from app.platform.kafka.clients import consumer_config, verified_producer
@@ -28,50 +33,45 @@ from app.platform.kafka.consumer_loop import ConsumerLoop
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import DLQ_INDEXED
 from app.platform.settings import Settings, get_settings
-from app.platform.topics import DLQ
-from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path
+from app.platform.topics import DLQ, DLQ_STATE
+from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path, ensure_state_topic
 
 __all__ = ["DlqPartitions", "DlqService", "install_dlq"]
 
 log = logging.getLogger(__name__)
 
 
-class DlqPartitions(ConsumerLoop):
-    """The DLQ indexer's consumer: every partition of the DLQ topic, assigned by hand.
+Position = tuple[str, int]
 
-    It never subscribes (no group rebalancing: one ops worker reads everything, from the store's
+
+class DlqPartitions(ConsumerLoop):
+    """The DLQ indexer's consumer: every partition of its topics (DLQ, state), assigned by hand.
+
+    It never subscribes (no group rebalancing: every ops replica reads everything, from its store's
     own positions); its group id only names where those positions are mirrored for lag monitoring.
     """
-
-    @property
-    def topic(self) -> str:
-        """The DLQ topic."""
-        return self.topics[0]
 
     def open(self) -> Consumer:
         """Create the consumer without subscribing; :meth:`assign_from` gives it its partitions."""
         consumer = self.consumer = Consumer(self.config)
         return consumer
 
-    def assign_from(self, partitions: set[int], offsets: dict[int, int]) -> None:
+    def assign_from(self, partitions: set[Position], offsets: dict[Position, int]) -> None:
         """Read ``partitions``, each from its next offset in ``offsets`` (else from the beginning)."""
         assert self.consumer is not None
         self.consumer.assign(
-            [TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in sorted(partitions)]
+            [TopicPartition(t, p, offsets.get((t, p), OFFSET_BEGINNING)) for t, p in sorted(partitions)]
         )
         self.assigned.clear()
-        self.assigned.update((self.topic, p) for p in partitions)
-
-    def assigned_partitions(self) -> set[int]:
-        """DLQ partitions currently read."""
-        return {partition for _, partition in self.assigned}
+        self.assigned.update(partitions)
 
 
 class DlqService(Service):
-    """The ops group's DLQ indexer: reads every DLQ partition into a :class:`DlqStore`, alerts on
-    new arrivals, and owns the core producer used for re-injection.
+    """The ops group's DLQ indexer: reads every DLQ and state partition into a :class:`DlqStore`,
+    alerts on new arrivals, and owns the core producer used for re-injection and state changes.
 
-    Run one ops worker: the store is local to its process (see :mod:`tables.ops`).
+    Any number of ops replicas may run: each rebuilds the same view from the two topics (see
+    :mod:`tables.ops`).
     """
 
     def __init__(
@@ -80,6 +80,7 @@ class DlqService(Service):
         *,
         store_path: Path | None = None,
         topic: str = DLQ.name,
+        state_topic: str = DLQ_STATE.name,
         group_id: str = DLQ_CONSUMER_GROUP,
         dispatcher: AlertDispatcher | None = None,
         console_url: str | None = None,
@@ -90,6 +91,7 @@ class DlqService(Service):
         self.settings = settings or get_settings()
         self.store_path = store_path
         self.topic = topic
+        self.state_topic = state_topic
         self.group_id = group_id
         self.console_url = console_url
         self.alert_max_age_s = alert_max_age_s
@@ -97,9 +99,13 @@ class DlqService(Service):
         self._store: DlqStore | None = None
         self._producer: EventProducer | None = None
         self.partitions = DlqPartitions(
-            consumer_config(self.settings, group_id, "avcc-ops-dlq", auto_offset_reset="earliest"), [topic]
+            consumer_config(self.settings, group_id, "avcc-ops-dlq", auto_offset_reset="earliest"),
+            [topic, state_topic],
         )
         self._next_assign_check = 0.0
+        #: End offsets at the first assignment; the view is complete once the store reached them.
+        self._catch_up: dict[Position, int] | None = None
+        self.caught_up = False
         self._pending: set[asyncio.Task[Any]] = set()
         self.indexed = 0
 
@@ -122,10 +128,18 @@ class DlqService(Service):
         if self._dispatcher is None:
             self._dispatcher = dispatcher_from_settings(self.settings)
         await self.partitions.call(self.partitions.open)
-        self._producer = await asyncio.get_running_loop().run_in_executor(
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, ensure_state_topic, self.settings, self.state_topic)
+        except Exception as exc:  # broker not there yet: the assignment loop waits for the topic
+            log.warning("could not ensure the DLQ state topic %s: %r", self.state_topic, exc)
+        self._producer = await loop.run_in_executor(
             None, verified_producer, self.settings, "core", "avcc-ops-dlq"
         )
         self._store.sender = self._producer
+        self._store.journal = KafkaJournal(
+            self._store, self._producer, self.state_topic, DLQ_STATE.partitions, self._end_offset
+        )
         log.info("DLQ store open at %s (%s)", path, self._store.counts())
 
     @Service.task
@@ -137,11 +151,13 @@ class DlqService(Service):
                 if consumer is None or not self.partitions.assigned:
                     await self.sleep(1.0)
                     continue
-                messages = await self.partitions.call(consumer.consume, 200, 0.5)
+                # a short poll: operator actions wait for this loop to apply their own change
+                messages = await self.partitions.call(consumer.consume, 200, 0.1)
                 for message in messages:
                     await self._handle(message)
                 if messages:
                     await self._commit()
+                self._check_caught_up()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep indexing after transient broker errors
@@ -155,25 +171,71 @@ class DlqService(Service):
         self._next_assign_check = now + 30.0
         consumer = self.partitions.consumer
         assert consumer is not None
-        meta = await self.partitions.call(consumer.list_topics, self.topic, 10.0)
-        topic_meta = meta.topics.get(self.topic)
-        if topic_meta is None or topic_meta.error is not None or not topic_meta.partitions:
-            log.warning("DLQ topic %s not available yet; retrying", self.topic)
-            self._next_assign_check = now + 2.0
+        partitions: set[Position] = set()
+        for topic in (self.topic, self.state_topic):
+            meta = await self.partitions.call(consumer.list_topics, topic, 10.0)
+            topic_meta = meta.topics.get(topic)
+            if topic_meta is None or topic_meta.error is not None or not topic_meta.partitions:
+                log.warning("DLQ topic %s not available yet; retrying", topic)
+                self._next_assign_check = now + 2.0
+                return
+            partitions.update((topic, p) for p in topic_meta.partitions)
+        if partitions == self.partitions.assigned:
             return
-        partitions = set(topic_meta.partitions)
-        if partitions == self.partitions.assigned_partitions():
-            return
-        offsets = self.store.next_offsets()
+        offsets = self._positions()
         await self.partitions.call(self.partitions.assign_from, partitions, offsets)
-        log.info("DLQ indexer reading %s partitions %s from %s", self.topic, sorted(partitions), offsets)
+        log.info("DLQ indexer reading %s from %s", sorted(partitions), offsets)
+        if self._catch_up is None:
+            self._catch_up = await self.partitions.call(self._end_offsets, partitions)
+
+    def _end_offsets(self, partitions: set[Position]) -> dict[Position, int]:
+        """End offsets of ``partitions`` (on the consumer's thread)."""
+        consumer = self.partitions.consumer
+        assert consumer is not None
+        return {
+            (t, p): int(consumer.get_watermark_offsets(TopicPartition(t, p), 10.0)[1]) for t, p in partitions
+        }
+
+    def _check_caught_up(self) -> None:
+        if self.caught_up or self._catch_up is None:
+            return
+        positions = self._positions()
+        if all(positions.get(tp, 0) >= end for tp, end in self._catch_up.items()):
+            self.caught_up = True
+            log.info("DLQ view complete: dead letters and operator state read up to %s", self._catch_up)
+
+    def readiness(self) -> tuple[bool, str]:
+        """The ops worker's ``/ready`` condition: the view holds every dead letter and operator
+        change that existed when this replica started (a rebuilt store is not served half-read)."""
+        if not self.ready:
+            return False, "DLQ store opening"
+        if not self.caught_up:
+            return False, "reading the dead letters and their operator state"
+        return True, ""
+
+    def _positions(self) -> dict[Position, int]:
+        """The store's next offsets of both topics."""
+        return {
+            **{(self.topic, p): o for p, o in self.store.next_offsets().items()},
+            **{(self.state_topic, p): o for p, o in self.store.state_offsets().items()},
+        }
+
+    async def _end_offset(self, partition: int) -> int:
+        """The end offset of a state-topic partition (what :meth:`KafkaJournal.sync` waits for)."""
+        consumer = self.partitions.consumer
+        if consumer is None:
+            raise DlqError("the DLQ store is not open yet (ops worker starting)")
+        _, high = await self.partitions.call(
+            consumer.get_watermark_offsets, TopicPartition(self.state_topic, partition), 10.0
+        )
+        return int(high)
 
     async def _commit(self) -> None:
         """Mirror the store's positions into Kafka (group ``avcc-ops-dlq``) for lag monitoring."""
         consumer = self.partitions.consumer
         if consumer is None:
             return
-        offsets = [TopicPartition(self.topic, p, o) for p, o in self.store.next_offsets().items()]
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._positions().items()]
         if offsets:
             await self.partitions.call(functools.partial(consumer.commit, offsets=offsets, asynchronous=True))
 
@@ -182,6 +244,9 @@ class DlqService(Service):
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("DLQ consumer error: %s", error)
+            return
+        if message.topic() == self.state_topic:
+            self._apply(message)
             return
         _, timestamp = message.timestamp()
         entry, new = self.store.index(
@@ -225,6 +290,17 @@ class DlqService(Service):
         task = asyncio.ensure_future(self._dispatcher.dispatch(alert))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def _apply(self, message: Any) -> None:
+        position = (message.partition(), message.offset())
+        try:
+            change = StateChange.from_json(message.value() or b"")
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("DLQ state record %s@%s unreadable, skipped: %r", self.state_topic, position, exc)
+            self.store.skip_state(*position)
+            return
+        if not self.store.apply(change, position):
+            log.info("DLQ state change %s refused: a concurrent one came first", change.change_id)
 
     async def wait_indexed(self, count: int, timeout_s: float = 30.0) -> None:
         """Wait until at least ``count`` new messages were indexed (tests, tooling)."""

@@ -64,7 +64,7 @@ def test_status_and_audit_survive_reopen(tmp_path: Path, sender: FakeSender) -> 
         dead_letter(store, 1, event_id="a")
         dead_letter(store, 2, event_id="b")
         asyncio.run(store.reinject("0-1", "alice", reason="fixed the bug"))
-        store.discard("0-2", "bob", "test data from a load test")
+        asyncio.run(store.discard("0-2", "bob", "test data from a load test"))
     with DlqStore(path) as reopened:
         first, second = reopened.get("0-1"), reopened.get("0-2")
         assert first.status == "reinjected" and first.reinjected_count == 1
@@ -158,24 +158,24 @@ async def test_reinject_without_metadata_is_refused(store: DlqStore) -> None:
         await store.reinject(entry.dlq_id, "alice")
 
 
-def test_discard_needs_reason_and_new_status(store: DlqStore) -> None:
+async def test_discard_needs_reason_and_new_status(store: DlqStore) -> None:
     dlq_id = dead_letter(store, 1)
     with pytest.raises(DiscardRefused, match="reason"):
-        store.discard(dlq_id, "bob", "  ")
-    store.discard(dlq_id, "bob", "junk")
+        await store.discard(dlq_id, "bob", "  ")
+    await store.discard(dlq_id, "bob", "junk")
     with pytest.raises(DiscardRefused, match="only new"):
-        store.discard(dlq_id, "bob", "again")
+        await store.discard(dlq_id, "bob", "again")
     with pytest.raises(DlqNotFound):
-        store.discard("9-9", "bob", "missing")
+        await store.discard("9-9", "bob", "missing")
 
 
-def test_list_filters(store: DlqStore) -> None:
+async def test_list_filters(store: DlqStore) -> None:
     dead_letter(
         store, 1, topic="t.a", group="review", error_class="schemas.errors.SchemaViolation", failed_ms=T0
     )
     dead_letter(store, 2, topic="t.b", group="chain", failed_ms=T0 + 60_000)
     dead_letter(store, 3, topic="t.a", group="chain", failed_ms=T0 + 120_000)
-    store.discard("0-3", "bob", "noise")
+    await store.discard("0-3", "bob", "noise")
 
     def ids(**kw: Any) -> list[str]:
         return [e.dlq_id for e in store.list(DlqFilter(**kw))]
@@ -201,7 +201,7 @@ async def test_bulk_reinject_takes_new_matches_only(store: DlqStore, sender: Fak
     dead_letter(store, 1, topic="t.a")
     dead_letter(store, 2, topic="t.a")
     dead_letter(store, 3, topic="t.b")
-    store.discard("0-2", "bob", "noise")
+    await store.discard("0-2", "bob", "noise")
     result = await store.bulk_reinject(DlqFilter(topic="t.a"), "alice")
     assert result.reinjected == ["0-1"] and result.refused == {}
     assert [s[0] for s in sender.sent] == ["t.a"]
