@@ -128,11 +128,7 @@ def event_id_for(event: PlaybackEvent, entropy: bytes | None = None) -> str:
 
 def random_event_id(entropy: bytes | None = None) -> str:
     """A uuid4 string from 16 random bytes (``entropy``, else drawn here)."""
-    raw = bytearray(entropy if entropy is not None else os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return _uuid4_text((entropy if entropy is not None else os.urandom(16)).hex())
 
 
 #: The payload fields :func:`envelope_bytes` writes; checked against the contract at import, so
@@ -369,26 +365,39 @@ def _frame_chunk(
 
 
 def _frame_columns(columns: list[list[Any]], start: int, entropy: bytes, timestamp_ms: int) -> list[Framed]:
-    """Envelopes of a chunk :func:`payload_columns` proved valid: the same bytes
-    :func:`envelope_bytes` writes for the validated models, without building them."""
+    """Envelopes of a chunk :func:`payload_columns` proved valid: the bytes :func:`envelope_bytes`
+    writes for the validated models, without building them.
+
+    Codes, nodes, user hashes and event types are proved to be made of characters JSON writes
+    as they are (their patterns and enum), durations are ints: they are formatted into the
+    compact JSON orjson writes; only the free-form idempotency id goes through orjson.
+    """
     framed: list[Framed] = []
-    dumps = orjson.dumps
+    head = '{"event_id":"%s","timestamp":' + str(timestamp_ms) + ',"source":' + orjson.dumps(SOURCE).decode()
+    template = (
+        head + ',"payload":{"avcc_code":"%s","platform_node":"%s","user_hash":"%s","event_type":"%s"'
+        ',"duration_sec":%d,"revenue_cny":"%s"'
+    )
     money: dict[int, str] = {}
+    hexes = entropy.hex()
     rows = zip(*columns, strict=True)
     for index, (code, node, user, kind, duration, cents, token) in enumerate(rows, start):
-        payload: dict[str, Any] = {
-            "avcc_code": code,
-            "platform_node": node,
-            "user_hash": user,
-            "event_type": kind,
-            "duration_sec": duration,
-            "revenue_cny": money.get(cents) or money.setdefault(cents, f"{cents // 100}.{cents % 100:02d}"),
-        }
+        revenue = money.get(cents) or money.setdefault(cents, f"{cents // 100}.{cents % 100:02d}")
         if token:
-            payload["idempotency_id"] = token
             event_id = str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{node}:{token}"))
+            tail = ',"idempotency_id":' + orjson.dumps(token).decode() + "}}"
         else:
-            event_id = random_event_id(entropy[16 * index : 16 * index + 16])
-        envelope = {"event_id": event_id, "timestamp": timestamp_ms, "source": SOURCE, "payload": payload}
-        framed.append((index, event_id, dumps(envelope)))
+            event_id = _uuid4_text(hexes[32 * index : 32 * index + 32])
+            tail = "}}"
+        text = template % (event_id, code, node, user, kind, duration, revenue) + tail
+        framed.append((index, event_id, text.encode()))
     return framed
+
+
+#: The uuid4 variant nibble (``10xx``) of each hex digit's low two bits.
+_VARIANT: Final = "89ab" * 4
+
+
+def _uuid4_text(h: str) -> str:
+    """The uuid4 string of 32 random hex digits (version and variant bits set, as uuid4 does)."""
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16)]}{h[17:20]}-{h[20:]}"
