@@ -16,7 +16,8 @@ from typing import Any
 import faust
 from aiohttp import web
 
-from app.api import APPLY, RECORD, RECORD_COUNTS
+from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS
+from app.lifecycle.code.bulk import BulkSettings, InFlight, claim_batch, read_batch
 from app.lifecycle.code.claims import (
     CLAIM_TIMEOUT_S,
     Claim,
@@ -32,7 +33,7 @@ from app.lifecycle.code.recent import recent_records, render_recent_records, sta
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
-from app.platform.http.auth import require_hmac, signed_json
+from app.platform.http.auth import RequestRefused, authenticate, require_hmac, signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import answer_at_owner, record_request
@@ -46,6 +47,7 @@ from app.platform.topics import (
     REVIEW_TASK_FINISHED,
     TopicSpec,
 )
+from app.playback.gateway.ingest import BatchError
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
@@ -57,6 +59,8 @@ __all__ = ["app"]
 
 app = get_app("code")
 settings = get_settings()
+bulk = BulkSettings()
+bulk_in_flight = InFlight(bulk.max_in_flight)
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
 
@@ -173,17 +177,50 @@ class Applications(faust.web.View):
             return checked
         _, application = checked
         try:
-            reply = await asyncio.wait_for(
-                claim_applications.ask(
-                    value=ClaimRequest(body=application.model_dump_json()),
-                    key=application.content_hash.encode(),
-                ),
-                CLAIM_TIMEOUT_S,
-            )
+            reply = await asyncio.wait_for(ask_claim(application), CLAIM_TIMEOUT_S)
         except TimeoutError:
             return json_error(503, "claim timed out; retry with the same request_id")
         status, answer = application_answer(application.request_id, reply)
         return json_response(answer, status)
+
+
+async def ask_claim(application: ApplicationRequest) -> dict[str, Any]:
+    """The claims agent's reply for one application (the single and the bulk route)."""
+    reply: dict[str, Any] = await claim_applications.ask(
+        value=ClaimRequest(body=application.model_dump_json()),
+        key=application.content_hash.encode(),
+    )
+    return reply
+
+
+@route(app, APPLY_BATCH)
+class BatchApplications(faust.web.View):
+    """``POST``: up to ``AVCC_BULK_MAX_ITEMS`` applications in one signed request (JSON array or
+    NDJSON), each answered like the single route; 429 + Retry-After instead of a timeout."""
+
+    async def post(self, request: web.Request) -> web.Response:
+        try:
+            signed = await authenticate(request, settings, scope="apply", max_body_bytes=bulk.max_body_bytes)
+            # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
+            content_type = request.content_type if "Content-Type" in request.headers else ""
+            valid, refused = read_batch(signed.body, content_type, bulk.max_items)
+        except RequestRefused as exc:
+            return exc.response()
+        except BatchError as exc:
+            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
+        if not bulk_in_flight.take(len(valid)):
+            return json_error(
+                429,
+                "too many applications in claims; retry later",
+                reason="busy",
+                retry_after_s=bulk.retry_after_s,
+            )
+        try:
+            outcome = await claim_batch(valid, refused, ask_claim, bulk.claim_wait_s)
+        finally:
+            bulk_in_flight.release(len(valid))
+        retry = {"Retry-After": str(bulk.retry_after_s)} if outcome.status == 429 else None
+        return json_response(outcome.body(), outcome.status, retry)
 
 
 @route(app, RECORD)

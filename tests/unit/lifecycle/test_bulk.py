@@ -1,0 +1,164 @@
+"""The bulk route's logic: reading a batch (array/NDJSON), per-item answers, claims, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import orjson
+import pytest
+
+from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, InFlight, claim_batch, read_batch
+from app.platform.http.responses import BadRequest, parse_body
+from app.playback.gateway.ingest import NDJSON, BatchError
+from schemas.application import ApplicationRequest
+
+
+def item(i: int, **changes: Any) -> dict[str, Any]:
+    body = {
+        "request_id": f"req_{i}",
+        "content_url": "s3://works/clip.mp4",
+        "content_hash": "sha256:" + hashlib.sha256(f"work-{i}".encode()).hexdigest(),
+        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+        "title": f"work {i}",
+        "applicant_id": "applicant-1",
+    }
+    body.update(changes)
+    return body
+
+
+def single_route_400(raw: bytes) -> dict[str, Any]:
+    """What ``POST /v1/avcc/applications`` answers for this body (error and fields)."""
+    with pytest.raises(BadRequest) as refused:
+        parse_body(ApplicationRequest, raw)
+    return {"error": str(refused.value), "fields": list(refused.value.fields)}
+
+
+def test_array_items_are_validated_one_by_one_with_the_single_route_errors() -> None:
+    bad = item(1)
+    del bad["title"]
+    body = orjson.dumps([item(0), bad, "not an object", item(3, priority=11)])
+    valid, refused = read_batch(body, "application/json", 1_000)
+    assert [i for i, _ in valid] == [0]
+    assert sorted(refused) == [1, 2, 3]
+    for index, raw in (
+        (1, orjson.dumps(bad)),
+        (2, b'"not an object"'),
+        (3, orjson.dumps(item(3, priority=11))),
+    ):
+        assert refused[index] == {"index": index, "http_status": 400, **single_route_400(raw)}
+    assert refused[1]["fields"] == ["title"]
+
+
+def test_ndjson_lines_index_the_non_empty_lines_and_malformed_ones_name_the_body() -> None:
+    body = b"\n".join([orjson.dumps(item(0)), b"", b"{not json", orjson.dumps(item(2))]) + b"\n"
+    valid, refused = read_batch(body, NDJSON, 1_000)
+    assert [(i, a.request_id) for i, a in valid] == [(0, "req_0"), (2, "req_2")]
+    assert refused[1]["http_status"] == 400
+    assert refused[1]["error"].startswith("body: malformed JSON")
+    assert refused[1]["fields"] == ["body"]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "reason"),
+    [
+        (b'{"a": 1}', "application/json", 400, "not_an_array"),
+        (b"[]", "application/json", 400, "empty_batch"),
+        (orjson.dumps([item(i) for i in range(4)]), "application/json", 413, "too_many_items"),
+        (b"\n".join(orjson.dumps(item(i)) for i in range(4)), NDJSON, 413, "too_many_items"),
+        (b"[]", "text/plain", 415, "unsupported_media_type"),
+    ],
+)
+def test_bodies_that_are_not_a_batch_are_refused_whole(
+    body: bytes, content_type: str, status: int, reason: str
+) -> None:
+    with pytest.raises(BatchError) as refused:
+        read_batch(body, content_type, 3)
+    assert (refused.value.status, refused.value.reason) == (status, reason)
+    if reason == "not_an_array":
+        assert "applications" in str(refused.value)
+
+
+def _reply(status: int, record_id: int, request_id: str) -> dict[str, Any]:
+    return {
+        "http_status": status,
+        "note": "content_hash already registered",
+        "avcc_record_id": record_id,
+        "request_id": request_id,
+        "claimed_ms": 1,
+    }
+
+
+def test_claims_are_asked_at_once_and_answered_per_item_in_index_order() -> None:
+    apps = [(i, ApplicationRequest.model_validate(item(i))) for i in (0, 2, 3, 4)]
+    started: list[str] = []
+    release = asyncio.Event()
+
+    async def ask(application: ApplicationRequest) -> dict[str, Any]:
+        started.append(application.request_id)
+        if len(started) == 4:
+            release.set()
+        await release.wait()  # every ask is in flight before any is answered
+        n = int(application.request_id.split("_")[1])
+        if n == 3:
+            return _reply(409, 77, "req_other")
+        if n == 4:
+            raise ConnectionError("broker went away")
+        return _reply(202, 100 + n, application.request_id)
+
+    refused = {1: {"index": 1, "http_status": 400, "error": "title: required", "fields": ["title"]}}
+    outcome = asyncio.run(claim_batch(apps, refused, ask, wait_s=5.0))
+    assert [a["index"] for a in outcome.items] == [0, 1, 2, 3, 4]
+    assert outcome.items[0] == {
+        "index": 0,
+        "http_status": 202,
+        "request_id": "req_0",
+        "avcc_record_id": 100,
+        "status": "submitted",
+    }
+    assert outcome.items[3] == {
+        "index": 3,
+        "http_status": 409,
+        "request_id": "req_3",
+        "avcc_record_id": 77,
+        "status": "conflict",
+        "error": "content_hash already registered",
+        "existing_request_id": "req_other",
+    }
+    assert outcome.items[4]["http_status"] == 429 and outcome.items[4]["error"] == THROTTLED
+    assert outcome.status == 429
+    body = outcome.body()
+    assert (body["submitted"], body["conflicts"], body["rejected"], body["throttled"]) == (2, 1, 1, 1)
+    assert body["reason"] == "throttled"
+
+
+def test_items_not_answered_within_the_wait_are_throttled_not_failed() -> None:
+    apps = [(i, ApplicationRequest.model_validate(item(i))) for i in range(3)]
+
+    async def ask(application: ApplicationRequest) -> dict[str, Any]:
+        if application.request_id == "req_1":
+            await asyncio.sleep(30)
+        return _reply(202, 5, application.request_id)
+
+    outcome = asyncio.run(claim_batch(apps, {}, ask, wait_s=0.2))
+    assert [a["http_status"] for a in outcome.items] == [202, 429, 202]
+    assert outcome.items[1]["request_id"] == "req_1"
+
+
+def test_a_batch_of_final_answers_is_202() -> None:
+    outcome = BatchOutcome([{"index": 0, "http_status": 202}, {"index": 1, "http_status": 400}])
+    assert outcome.status == 202
+    assert "error" not in outcome.body()
+
+
+def test_in_flight_admits_up_to_the_limit_and_a_lone_oversized_batch() -> None:
+    gate = InFlight(10)
+    assert gate.take(6)
+    assert not gate.take(5)
+    assert gate.take(4)
+    gate.release(10)
+    assert gate.take(25)  # idle: admitted, or a batch larger than the limit could never pass
+    assert not gate.take(1)
+    gate.release(25)
+    assert gate.count == 0
