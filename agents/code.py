@@ -17,7 +17,7 @@ import faust
 from aiohttp import web
 
 from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS
-from app.lifecycle.code.bulk import BulkSettings, InFlight, claim_batch, read_batch
+from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
 from app.lifecycle.code.claims import (
     CLAIM_TIMEOUT_S,
     Claim,
@@ -60,7 +60,7 @@ __all__ = ["app"]
 app = get_app("code")
 settings = get_settings()
 bulk = BulkSettings()
-bulk_in_flight = InFlight(bulk.max_in_flight)
+bulk_claims = PendingClaims(bulk.max_in_flight, bulk.ask_timeout_s)
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
 
@@ -208,17 +208,14 @@ class BatchApplications(faust.web.View):
             return exc.response()
         except BatchError as exc:
             return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
-        if not bulk_in_flight.take(len(valid)):
+        if not bulk_claims.admits([application for _, application in valid]):
             return json_error(
                 429,
                 "too many applications in claims; retry later",
                 reason="busy",
                 retry_after_s=bulk.retry_after_s,
             )
-        try:
-            outcome = await claim_batch(valid, refused, ask_claim, bulk.claim_wait_s)
-        finally:
-            bulk_in_flight.release(len(valid))
+        outcome = await claim_batch(valid, refused, bulk_claims, ask_claim, bulk.claim_wait_s)
         retry = {"Retry-After": str(bulk.retry_after_s)} if outcome.status == 429 else None
         return json_response(outcome.body(), outcome.status, retry)
 

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from app.api import APPLY, APPLY_BATCH, PLAYBACK_EVENTS, RECORD
+from app.api import APPLY, APPLY_BATCH, PLAYBACK_EVENTS, RECORD, RECORD_COUNTS
 from app.platform.http.signing import sign_request
 
 __all__ = [
@@ -166,6 +166,13 @@ class AvccClient:
         url = self.base_url + RECORD_PATH.format(avcc_record_id=avcc_record_id)
         answer, _ = self._call("GET", url, None)
         return self._ok("GET", url, answer)
+
+    def record_counts(self) -> dict[str, int]:
+        """Records by status among the partitions the answering code worker holds."""
+        url = self.base_url + RECORD_COUNTS.path
+        answer, _ = self._call("GET", url, None)
+        counts = self._ok("GET", url, answer).get("counts", {})
+        return {str(k): int(v) for k, v in counts.items()}
 
     def send_playback(
         self, events: Iterable[Mapping[str, Any] | BaseModel], batch_size: int = 500

@@ -10,16 +10,18 @@ one round trip per item.
 
 Backpressure instead of timeouts: a worker holds at most ``AVCC_BULK_MAX_IN_FLIGHT`` items in
 claims at a time, and a batch waits at most ``AVCC_BULK_CLAIM_WAIT_S`` for its answers. A batch
-that does not fit, or items not answered in time, are answered ``429`` with ``Retry-After``;
-the items answered in time keep their results, the others are marked ``throttled``. Resending a
-throttled item with the same ``request_id`` is safe: if its claim was made after all, the retry
-gets the same record.
+that does not fit is answered ``429`` with ``Retry-After`` before anything is produced; items not
+answered in time are marked ``throttled`` (429 for the batch) while the answered ones keep their
+results. A throttled item's claim goes on: resent with the same ``request_id`` it waits for
+that same claim (no second ask piles up behind it), and gets the same record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -37,7 +39,7 @@ __all__ = [
     "Ask",
     "BatchOutcome",
     "BulkSettings",
-    "InFlight",
+    "PendingClaims",
     "claim_batch",
     "read_batch",
 ]
@@ -66,6 +68,9 @@ class BulkSettings(BaseSettings):
         description="Applications a code worker holds in claims at once; a batch that does not fit "
         "is answered 429 with Retry-After.",
     )
+    ask_timeout_s: float = Field(
+        default=60.0, gt=0, description="Longest a claim is waited for at all; then its slot is freed."
+    )
     claim_wait_s: float = Field(
         default=10.0,
         gt=0,
@@ -75,23 +80,75 @@ class BulkSettings(BaseSettings):
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 batch answer.")
 
 
-class InFlight:
-    """Items this worker has in claims now, bounded: admission control of the bulk route."""
+class PendingClaims:
+    """The claims this worker has asked for: admission control of the bulk route, one ask per
+    item however often it is resent, and the recent answers.
 
-    def __init__(self, limit: int) -> None:
+    An ask outlives the batch that made it (a throttled item's claim goes on), so a resent item
+    joins its first ask instead of queueing a second one behind it, and the slots it holds are
+    given back only when the claims agent has answered (or after ``ask_timeout_s``). The answer
+    is then kept for ``keep_s`` (at most ``keep`` answers): a claim never changes once made, so a
+    resent item is answered at once instead of being asked again at the back of the queue.
+    """
+
+    def __init__(self, limit: int, ask_timeout_s: float, keep: int = 100_000, keep_s: float = 300.0) -> None:
         self.limit = limit
-        self.count = 0
+        self.ask_timeout_s = ask_timeout_s
+        self.keep = keep
+        self.keep_s = keep_s
+        self._asks: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
+        self._answers: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
 
-    def take(self, items: int) -> bool:
-        """Reserve ``items`` slots; ``False`` (nothing reserved) when they do not fit."""
-        if self.count + items > self.limit and self.count > 0:
-            return False
-        self.count += items
-        return True
+    def __len__(self) -> int:
+        return len(self._asks)
 
-    def release(self, items: int) -> None:
-        """Give back slots reserved by :meth:`take`."""
-        self.count = max(0, self.count - items)
+    @staticmethod
+    def _key(application: ApplicationRequest) -> tuple[str, str]:
+        return application.content_hash, application.request_id
+
+    def _known(self, key: tuple[str, str]) -> bool:
+        return key in self._asks or key in self._answers
+
+    def admits(self, applications: Sequence[ApplicationRequest]) -> bool:
+        """Whether the asks these applications need fit under the limit (when idle, any batch
+        fits: otherwise a batch larger than the limit could never pass)."""
+        new = sum(1 for a in applications if not self._known(self._key(a)))
+        return not self._asks or len(self._asks) + new <= self.limit
+
+    def ask(self, application: ApplicationRequest, ask: Ask) -> asyncio.Future[dict[str, Any]]:
+        """The answer (kept), the pending ask, or a new ask of ``application``."""
+        key = self._key(application)
+        self._expire(time.monotonic())
+        kept = self._answers.get(key)
+        if kept is not None:
+            answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            answered.set_result(kept[1])
+            return answered
+        pending = self._asks.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.wait_for(ask(application), self.ask_timeout_s))
+            self._asks[key] = pending
+            pending.add_done_callback(lambda done: self._settle(key, done))
+        return pending
+
+    def _settle(self, key: tuple[str, str], done: asyncio.Future[dict[str, Any]]) -> None:
+        if self._asks.get(key) is done:
+            del self._asks[key]
+        if done.cancelled():
+            return
+        if (error := done.exception()) is not None:
+            log.warning("claim of %s failed: %r", key[1], error)
+            return
+        self._answers[key] = (time.monotonic() + self.keep_s, done.result())
+        while len(self._answers) > self.keep:
+            self._answers.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        while self._answers:
+            key, (expires, _) = next(iter(self._answers.items()))
+            if expires > now:
+                return
+            del self._answers[key]
 
 
 def _item_error(index: int, message: str, fields: Sequence[str]) -> dict[str, Any]:
@@ -167,27 +224,19 @@ def _throttled(index: int, request_id: str) -> dict[str, Any]:
 async def claim_batch(
     applications: Sequence[tuple[int, ApplicationRequest]],
     refused: dict[int, dict[str, Any]],
+    pending: PendingClaims,
     ask: Ask,
     wait_s: float,
 ) -> BatchOutcome:
-    """Ask for every claim at once, wait up to ``wait_s`` for the replies, answer each item.
-
-    Items not answered by then (or whose ask failed) are throttled; their asks are cancelled,
-    which cannot undo a claim already made, hence the advice to resend the same request_id.
-    """
-    asks = {index: asyncio.ensure_future(ask(application)) for index, application in applications}
+    """Ask for every claim at once (through ``pending``), wait up to ``wait_s`` for the replies,
+    answer each item; items not answered by then (or whose ask failed) are throttled."""
+    asks = {index: pending.ask(application, ask) for index, application in applications}
     if asks:
-        _, pending = await asyncio.wait(asks.values(), timeout=wait_s)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.wait(asks.values(), timeout=wait_s)
     answers: dict[int, dict[str, Any]] = dict(refused)
     for index, application in applications:
         task = asks[index]
-        if task.cancelled():
-            answers[index] = _throttled(index, application.request_id)
-        elif (error := task.exception()) is not None:
-            log.warning("claim of batch item %d failed: %r", index, error)
+        if not task.done() or task.cancelled() or task.exception() is not None:
             answers[index] = _throttled(index, application.request_id)
         else:
             status, answer = application_answer(application.request_id, task.result())

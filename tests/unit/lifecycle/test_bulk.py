@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, InFlight, claim_batch, read_batch
+from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, PendingClaims, claim_batch, read_batch
 from app.platform.http.responses import BadRequest, parse_body
 from app.playback.gateway.ingest import NDJSON, BatchError
 from schemas.application import ApplicationRequest
@@ -108,7 +108,7 @@ def test_claims_are_asked_at_once_and_answered_per_item_in_index_order() -> None
         return _reply(202, 100 + n, application.request_id)
 
     refused = {1: {"index": 1, "http_status": 400, "error": "title: required", "fields": ["title"]}}
-    outcome = asyncio.run(claim_batch(apps, refused, ask, wait_s=5.0))
+    outcome = asyncio.run(claim_batch(apps, refused, PendingClaims(100, 60.0), ask, wait_s=5.0))
     assert [a["index"] for a in outcome.items] == [0, 1, 2, 3, 4]
     assert outcome.items[0] == {
         "index": 0,
@@ -133,17 +133,73 @@ def test_claims_are_asked_at_once_and_answered_per_item_in_index_order() -> None
     assert body["reason"] == "throttled"
 
 
-def test_items_not_answered_within_the_wait_are_throttled_not_failed() -> None:
+def test_a_throttled_claim_goes_on_and_a_resent_item_joins_it_instead_of_asking_again() -> None:
     apps = [(i, ApplicationRequest.model_validate(item(i))) for i in range(3)]
+    asked: list[str] = []
+    slow = asyncio.Event()
 
     async def ask(application: ApplicationRequest) -> dict[str, Any]:
+        asked.append(application.request_id)
         if application.request_id == "req_1":
-            await asyncio.sleep(30)
+            await slow.wait()
         return _reply(202, 5, application.request_id)
 
-    outcome = asyncio.run(claim_batch(apps, {}, ask, wait_s=0.2))
-    assert [a["http_status"] for a in outcome.items] == [202, 429, 202]
-    assert outcome.items[1]["request_id"] == "req_1"
+    async def scenario() -> None:
+        pending = PendingClaims(100, 60.0)
+        first = await claim_batch(apps, {}, pending, ask, wait_s=0.2)
+        assert [a["http_status"] for a in first.items] == [202, 429, 202]
+        assert first.items[1]["request_id"] == "req_1"
+        assert len(pending) == 1  # the slow claim is still asked for
+        slow.set()
+        again = await claim_batch(apps[1:2], {}, pending, ask, wait_s=5.0)
+        assert [a["http_status"] for a in again.items] == [202]
+        assert asked == ["req_0", "req_1", "req_2"]  # the resent item joined its first ask
+        await asyncio.sleep(0)
+        assert len(pending) == 0
+        third = await claim_batch(apps, {}, pending, ask, wait_s=0.0)  # all answered: kept
+        assert [a["http_status"] for a in third.items] == [202, 202, 202]
+        assert len(asked) == 3
+
+    asyncio.run(scenario())
+
+
+def test_kept_answers_expire_and_are_bounded() -> None:
+    apps = [ApplicationRequest.model_validate(item(i)) for i in range(3)]
+    asked: list[str] = []
+
+    async def ask(application: ApplicationRequest) -> dict[str, Any]:
+        asked.append(application.request_id)
+        return _reply(202, 5, application.request_id)
+
+    async def scenario() -> None:
+        pending = PendingClaims(100, 60.0, keep=2, keep_s=0.2)
+        for a in apps:
+            await pending.ask(a, ask)
+        await pending.ask(apps[0], ask)  # pushed out by the bound: asked again
+        await pending.ask(apps[2], ask)  # kept
+        assert asked == ["req_0", "req_1", "req_2", "req_0"]
+        await asyncio.sleep(0.3)
+        await pending.ask(apps[2], ask)  # expired: asked again
+        assert asked[-1] == "req_2" and len(asked) == 5
+
+    asyncio.run(scenario())
+
+
+def test_an_ask_is_given_up_after_its_timeout_and_its_slot_freed() -> None:
+    app = ApplicationRequest.model_validate(item(0))
+
+    async def never(application: ApplicationRequest) -> dict[str, Any]:
+        await asyncio.sleep(30)
+        raise AssertionError("unreachable")
+
+    async def scenario() -> None:
+        pending = PendingClaims(100, 0.1)
+        outcome = await claim_batch([(0, app)], {}, pending, never, wait_s=1.0)
+        assert outcome.items[0]["http_status"] == 429
+        await asyncio.sleep(0)
+        assert len(pending) == 0
+
+    asyncio.run(scenario())
 
 
 def test_a_batch_of_final_answers_is_202() -> None:
@@ -152,13 +208,24 @@ def test_a_batch_of_final_answers_is_202() -> None:
     assert "error" not in outcome.body()
 
 
-def test_in_flight_admits_up_to_the_limit_and_a_lone_oversized_batch() -> None:
-    gate = InFlight(10)
-    assert gate.take(6)
-    assert not gate.take(5)
-    assert gate.take(4)
-    gate.release(10)
-    assert gate.take(25)  # idle: admitted, or a batch larger than the limit could never pass
-    assert not gate.take(1)
-    gate.release(25)
-    assert gate.count == 0
+def test_pending_claims_admit_new_asks_up_to_the_limit_and_a_lone_oversized_batch() -> None:
+    apps = [ApplicationRequest.model_validate(item(i)) for i in range(30)]
+    release = asyncio.Event()
+
+    async def ask(application: ApplicationRequest) -> dict[str, Any]:
+        await release.wait()
+        return _reply(202, 1, application.request_id)
+
+    async def scenario() -> None:
+        pending = PendingClaims(10, 60.0)
+        assert pending.admits(apps[:25])  # idle: admitted, or it could never pass
+        for a in apps[:6]:
+            pending.ask(a, ask)
+        assert pending.admits(apps[:10])  # 6 pending + 4 new
+        assert not pending.admits(apps[:11])
+        assert pending.admits(apps[:6])  # resent items need no new slot
+        release.set()
+        await asyncio.sleep(0.01)
+        assert len(pending) == 0
+
+    asyncio.run(scenario())
