@@ -4,9 +4,10 @@ A batch is a JSON array or NDJSON (the gateway's reader, :func:`parse_items`), a
 ``AVCC_BULK_MAX_ITEMS`` items. Each item gets exactly the answer the single route would give
 it: 202 with its record (a repeated ``request_id`` gets the same record again), 409 with the
 record that already holds its ``content_hash``, or 400 naming the fields. The valid items are
-claimed through the same claims agent as single applications, but all at once: every ask is
-produced before the first reply is awaited, so one batch costs one round of claims instead of
-one round trip per item.
+claimed by the same claims agent as single applications, but batched: one ask per claims
+partition carries all the batch's items of that partition, and the agent produces their
+``apply.created`` events at once and waits for the acks once, so a batch costs a few round
+trips instead of one per item.
 
 Backpressure instead of timeouts: a worker holds at most ``AVCC_BULK_MAX_IN_FLIGHT`` items in
 claims at a time, and a batch waits at most ``AVCC_BULK_CLAIM_WAIT_S`` for its answers. A batch
@@ -19,6 +20,7 @@ that same claim (no second ask piles up behind it), and gets the same record.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -36,7 +38,7 @@ from schemas.application import ApplicationRequest
 
 __all__ = [
     "THROTTLED",
-    "Ask",
+    "AskMany",
     "BatchOutcome",
     "BulkSettings",
     "PendingClaims",
@@ -49,8 +51,9 @@ log = logging.getLogger(__name__)
 #: The per-item error of an item not claimed within the batch's wait (resend it as is).
 THROTTLED: Final = "claim not answered in time; retry with the same request_id"
 
-#: Asks the claims agent about one application; its reply (see ``ClaimAnswer.as_reply``).
-Ask = Callable[[ApplicationRequest], Awaitable[dict[str, Any]]]
+#: Asks the claims agent about applications of one claims partition, in one message; its
+#: replies in the same order (see ``ClaimAnswer.as_reply``).
+AskMany = Callable[[int, list[ApplicationRequest]], Awaitable[list[dict[str, Any]]]]
 
 
 class BulkSettings(BaseSettings):
@@ -98,6 +101,7 @@ class PendingClaims:
         self.keep_s = keep_s
         self._asks: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self._answers: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
+        self._tasks: set[asyncio.Future[None]] = set()
 
     def __len__(self) -> int:
         return len(self._asks)
@@ -115,21 +119,55 @@ class PendingClaims:
         new = sum(1 for a in applications if not self._known(self._key(a)))
         return not self._asks or len(self._asks) + new <= self.limit
 
-    def ask(self, application: ApplicationRequest, ask: Ask) -> asyncio.Future[dict[str, Any]]:
-        """The answer (kept), the pending ask, or a new ask of ``application``."""
-        key = self._key(application)
+    def ask_all(
+        self,
+        applications: Sequence[ApplicationRequest],
+        ask: AskMany,
+        partition_of: Callable[[ApplicationRequest], int],
+    ) -> list[asyncio.Future[dict[str, Any]]]:
+        """The answer of each application: kept, pending, or asked now -- the new ones grouped by
+        claims partition, one ask per partition (in input order within it)."""
         self._expire(time.monotonic())
-        kept = self._answers.get(key)
-        if kept is not None:
-            answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            answered.set_result(kept[1])
-            return answered
-        pending = self._asks.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(asyncio.wait_for(ask(application), self.ask_timeout_s))
-            self._asks[key] = pending
-            pending.add_done_callback(lambda done: self._settle(key, done))
-        return pending
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[dict[str, Any]]] = []
+        groups: dict[int, list[tuple[ApplicationRequest, asyncio.Future[dict[str, Any]]]]] = {}
+        for application in applications:
+            key = self._key(application)
+            future = self._asks.get(key)
+            if future is None:
+                future = loop.create_future()
+                kept = self._answers.get(key)
+                if kept is not None:
+                    future.set_result(kept[1])
+                else:
+                    self._asks[key] = future
+                    future.add_done_callback(functools.partial(self._settle, key))
+                    groups.setdefault(partition_of(application), []).append((application, future))
+            futures.append(future)
+        for partition, group in groups.items():
+            task = asyncio.ensure_future(self._ask_group(partition, group, ask))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return futures
+
+    async def _ask_group(
+        self,
+        partition: int,
+        group: list[tuple[ApplicationRequest, asyncio.Future[dict[str, Any]]]],
+        ask: AskMany,
+    ) -> None:
+        try:
+            replies = await asyncio.wait_for(ask(partition, [a for a, _ in group]), self.ask_timeout_s)
+            if len(replies) != len(group):
+                raise ValueError(f"{len(replies)} replies to {len(group)} claims")
+        except (Exception, asyncio.CancelledError) as exc:
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else TimeoutError())
+            return
+        for (_, future), reply in zip(group, replies, strict=True):
+            if not future.done():
+                future.set_result(reply)
 
     def _settle(self, key: tuple[str, str], done: asyncio.Future[dict[str, Any]]) -> None:
         if self._asks.get(key) is done:
@@ -225,17 +263,18 @@ async def claim_batch(
     applications: Sequence[tuple[int, ApplicationRequest]],
     refused: dict[int, dict[str, Any]],
     pending: PendingClaims,
-    ask: Ask,
+    ask: AskMany,
+    partition_of: Callable[[ApplicationRequest], int],
     wait_s: float,
 ) -> BatchOutcome:
-    """Ask for every claim at once (through ``pending``), wait up to ``wait_s`` for the replies,
-    answer each item; items not answered by then (or whose ask failed) are throttled."""
-    asks = {index: pending.ask(application, ask) for index, application in applications}
+    """Ask for every claim at once (through ``pending``: one ask per claims partition), wait up
+    to ``wait_s`` for the replies, answer each item; items not answered by then (or whose ask
+    failed) are throttled."""
+    asks = pending.ask_all([application for _, application in applications], ask, partition_of)
     if asks:
-        await asyncio.wait(asks.values(), timeout=wait_s)
+        await asyncio.wait(asks, timeout=wait_s)
     answers: dict[int, dict[str, Any]] = dict(refused)
-    for index, application in applications:
-        task = asks[index]
+    for (index, application), task in zip(applications, asks, strict=True):
         if not task.done() or task.cancelled() or task.exception() is not None:
             answers[index] = _throttled(index, application.request_id)
         else:

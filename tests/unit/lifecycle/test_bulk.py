@@ -90,26 +90,27 @@ def _reply(status: int, record_id: int, request_id: str) -> dict[str, Any]:
     }
 
 
-def test_claims_are_asked_at_once_and_answered_per_item_in_index_order() -> None:
-    apps = [(i, ApplicationRequest.model_validate(item(i))) for i in (0, 2, 3, 4)]
-    started: list[str] = []
-    release = asyncio.Event()
+def _parity(application: ApplicationRequest) -> int:
+    return int(application.request_id.split("_")[1]) % 2
 
-    async def ask(application: ApplicationRequest) -> dict[str, Any]:
-        started.append(application.request_id)
-        if len(started) == 4:
-            release.set()
-        await release.wait()  # every ask is in flight before any is answered
-        n = int(application.request_id.split("_")[1])
-        if n == 3:
-            return _reply(409, 77, "req_other")
-        if n == 4:
+
+def test_claims_are_asked_once_per_partition_and_answered_per_item_in_index_order() -> None:
+    apps = [(i, ApplicationRequest.model_validate(item(i))) for i in (0, 2, 3, 4, 5)]
+    calls: list[tuple[int, list[str]]] = []
+
+    async def ask(partition: int, group: list[ApplicationRequest]) -> list[dict[str, Any]]:
+        calls.append((partition, [a.request_id for a in group]))
+        if partition == 1 and len(group) == 2:
             raise ConnectionError("broker went away")
-        return _reply(202, 100 + n, application.request_id)
+        return [
+            _reply(409, 77, "req_other") if a.request_id == "req_2" else _reply(202, 100, a.request_id)
+            for a in group
+        ]
 
     refused = {1: {"index": 1, "http_status": 400, "error": "title: required", "fields": ["title"]}}
-    outcome = asyncio.run(claim_batch(apps, refused, PendingClaims(100, 60.0), ask, wait_s=5.0))
-    assert [a["index"] for a in outcome.items] == [0, 1, 2, 3, 4]
+    outcome = asyncio.run(claim_batch(apps, refused, PendingClaims(100, 60.0), ask, _parity, wait_s=5.0))
+    assert calls == [(0, ["req_0", "req_2", "req_4"]), (1, ["req_3", "req_5"])]
+    assert [a["index"] for a in outcome.items] == [0, 1, 2, 3, 4, 5]
     assert outcome.items[0] == {
         "index": 0,
         "http_status": 202,
@@ -117,20 +118,34 @@ def test_claims_are_asked_at_once_and_answered_per_item_in_index_order() -> None
         "avcc_record_id": 100,
         "status": "submitted",
     }
-    assert outcome.items[3] == {
-        "index": 3,
+    assert outcome.items[2] == {
+        "index": 2,
         "http_status": 409,
-        "request_id": "req_3",
+        "request_id": "req_2",
         "avcc_record_id": 77,
         "status": "conflict",
         "error": "content_hash already registered",
         "existing_request_id": "req_other",
     }
-    assert outcome.items[4]["http_status"] == 429 and outcome.items[4]["error"] == THROTTLED
+    assert [a["http_status"] for a in outcome.items] == [202, 400, 409, 429, 202, 429]
+    assert outcome.items[3]["error"] == THROTTLED
     assert outcome.status == 429
     body = outcome.body()
-    assert (body["submitted"], body["conflicts"], body["rejected"], body["throttled"]) == (2, 1, 1, 1)
+    assert (body["submitted"], body["conflicts"], body["rejected"], body["throttled"]) == (2, 1, 1, 2)
     assert body["reason"] == "throttled"
+
+
+def test_the_same_item_twice_in_a_batch_is_asked_once() -> None:
+    app = ApplicationRequest.model_validate(item(0))
+    calls: list[int] = []
+
+    async def ask(partition: int, group: list[ApplicationRequest]) -> list[dict[str, Any]]:
+        calls.append(len(group))
+        return [_reply(202, 100, a.request_id) for a in group]
+
+    outcome = asyncio.run(claim_batch([(0, app), (1, app)], {}, PendingClaims(100, 60.0), ask, _parity, 5.0))
+    assert [a["avcc_record_id"] for a in outcome.items] == [100, 100]
+    assert calls == [1]
 
 
 def test_a_throttled_claim_goes_on_and_a_resent_item_joins_it_instead_of_asking_again() -> None:
@@ -138,25 +153,25 @@ def test_a_throttled_claim_goes_on_and_a_resent_item_joins_it_instead_of_asking_
     asked: list[str] = []
     slow = asyncio.Event()
 
-    async def ask(application: ApplicationRequest) -> dict[str, Any]:
-        asked.append(application.request_id)
-        if application.request_id == "req_1":
+    async def ask(partition: int, group: list[ApplicationRequest]) -> list[dict[str, Any]]:
+        asked.extend(a.request_id for a in group)
+        if partition == 1:
             await slow.wait()
-        return _reply(202, 5, application.request_id)
+        return [_reply(202, 5, a.request_id) for a in group]
 
     async def scenario() -> None:
         pending = PendingClaims(100, 60.0)
-        first = await claim_batch(apps, {}, pending, ask, wait_s=0.2)
+        first = await claim_batch(apps, {}, pending, ask, _parity, wait_s=0.2)
         assert [a["http_status"] for a in first.items] == [202, 429, 202]
         assert first.items[1]["request_id"] == "req_1"
         assert len(pending) == 1  # the slow claim is still asked for
         slow.set()
-        again = await claim_batch(apps[1:2], {}, pending, ask, wait_s=5.0)
+        again = await claim_batch(apps[1:2], {}, pending, ask, _parity, wait_s=5.0)
         assert [a["http_status"] for a in again.items] == [202]
-        assert asked == ["req_0", "req_1", "req_2"]  # the resent item joined its first ask
+        assert asked == ["req_0", "req_2", "req_1"]  # the resent item joined its first ask
         await asyncio.sleep(0)
         assert len(pending) == 0
-        third = await claim_batch(apps, {}, pending, ask, wait_s=0.0)  # all answered: kept
+        third = await claim_batch(apps, {}, pending, ask, _parity, wait_s=0.0)  # all answered: kept
         assert [a["http_status"] for a in third.items] == [202, 202, 202]
         assert len(asked) == 3
 
@@ -167,19 +182,23 @@ def test_kept_answers_expire_and_are_bounded() -> None:
     apps = [ApplicationRequest.model_validate(item(i)) for i in range(3)]
     asked: list[str] = []
 
-    async def ask(application: ApplicationRequest) -> dict[str, Any]:
-        asked.append(application.request_id)
-        return _reply(202, 5, application.request_id)
+    async def ask(partition: int, group: list[ApplicationRequest]) -> list[dict[str, Any]]:
+        asked.extend(a.request_id for a in group)
+        return [_reply(202, 5, a.request_id) for a in group]
+
+    async def one(pending: PendingClaims, application: ApplicationRequest) -> None:
+        await pending.ask_all([application], ask, _parity)[0]
+        await asyncio.sleep(0)
 
     async def scenario() -> None:
         pending = PendingClaims(100, 60.0, keep=2, keep_s=0.2)
         for a in apps:
-            await pending.ask(a, ask)
-        await pending.ask(apps[0], ask)  # pushed out by the bound: asked again
-        await pending.ask(apps[2], ask)  # kept
+            await one(pending, a)
+        await one(pending, apps[0])  # pushed out by the bound: asked again
+        await one(pending, apps[2])  # kept
         assert asked == ["req_0", "req_1", "req_2", "req_0"]
         await asyncio.sleep(0.3)
-        await pending.ask(apps[2], ask)  # expired: asked again
+        await one(pending, apps[2])  # expired: asked again
         assert asked[-1] == "req_2" and len(asked) == 5
 
     asyncio.run(scenario())
@@ -188,13 +207,13 @@ def test_kept_answers_expire_and_are_bounded() -> None:
 def test_an_ask_is_given_up_after_its_timeout_and_its_slot_freed() -> None:
     app = ApplicationRequest.model_validate(item(0))
 
-    async def never(application: ApplicationRequest) -> dict[str, Any]:
+    async def never(partition: int, group: list[ApplicationRequest]) -> list[dict[str, Any]]:
         await asyncio.sleep(30)
         raise AssertionError("unreachable")
 
     async def scenario() -> None:
         pending = PendingClaims(100, 0.1)
-        outcome = await claim_batch([(0, app)], {}, pending, never, wait_s=1.0)
+        outcome = await claim_batch([(0, app)], {}, pending, never, _parity, wait_s=1.0)
         assert outcome.items[0]["http_status"] == 429
         await asyncio.sleep(0)
         assert len(pending) == 0
@@ -212,15 +231,14 @@ def test_pending_claims_admit_new_asks_up_to_the_limit_and_a_lone_oversized_batc
     apps = [ApplicationRequest.model_validate(item(i)) for i in range(30)]
     release = asyncio.Event()
 
-    async def ask(application: ApplicationRequest) -> dict[str, Any]:
+    async def ask(partition: int, group: list[ApplicationRequest]) -> list[dict[str, Any]]:
         await release.wait()
-        return _reply(202, 1, application.request_id)
+        return [_reply(202, 1, a.request_id) for a in group]
 
     async def scenario() -> None:
         pending = PendingClaims(10, 60.0)
         assert pending.admits(apps[:25])  # idle: admitted, or it could never pass
-        for a in apps[:6]:
-            pending.ask(a, ask)
+        pending.ask_all(apps[:6], ask, _parity)
         assert pending.admits(apps[:10])  # 6 pending + 4 new
         assert not pending.admits(apps[:11])
         assert pending.admits(apps[:6])  # resent items need no new slot
