@@ -5,7 +5,7 @@ The file mixes valid works with exact duplicate lines (same derived request_id: 
 second applications for a work already in the file (409), and invalid lines. The first import is
 killed (SIGKILL) once part of the file is answered; the rerun resumes from the state file; a
 third run without the state file must change nothing. Every valid work must end with exactly one
-record on ``apply.created`` and one issued code. Claims wait only 0.5 s per batch, so batches of
+record on ``apply.created`` and one issued code. Claims wait only 50 ms per batch, so batches of
 1,000 are answered 429 with Retry-After for the items still in claims: the client must wait and
 resend them rather than fail.
 """
@@ -49,7 +49,7 @@ INVALID = 30
 def stack(module_tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root: Path = tmp_path_factory.mktemp("bulk")
     apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
-    env = {"AVCC_BULK_CLAIM_WAIT_S": "0.5", "AVCC_BULK_RETRY_AFTER_S": "1"}
+    env = {"AVCC_BULK_CLAIM_WAIT_S": "0.05", "AVCC_BULK_RETRY_AFTER_S": "1"}
     stack = Stack(module_tansu.bootstrap, root, env=env)
     stack.start(*CORE_GROUPS)
     yield stack
