@@ -81,7 +81,8 @@ record_inputs = _raw_topic(APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRM
 
 
 class ClaimRequest(faust.Record, serializer="json"):
-    """An application to claim (the validated HTTP body as JSON)."""
+    """What to claim: one application as a JSON object (the single route), or several of one
+    claims partition as a JSON array (the bulk route)."""
 
     body: str
 

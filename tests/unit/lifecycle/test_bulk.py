@@ -8,9 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, PendingClaims, claim_batch, read_batch
 from app.platform.http.responses import BadRequest, parse_body
+from app.platform.kafka.partitioner import partition_for
+from app.platform.topics import CODE_CLAIMS
 from app.playback.gateway.ingest import NDJSON, BatchError
 from schemas.application import ApplicationRequest
 
@@ -247,3 +250,12 @@ def test_pending_claims_admit_new_asks_up_to_the_limit_and_a_lone_oversized_batc
         assert len(pending) == 0
 
     asyncio.run(scenario())
+
+
+def test_the_bulk_route_groups_by_the_partition_faust_produces_a_keyed_ask_to() -> None:
+    """The single route's ask is keyed by content hash (faust: aiokafka's default partitioner);
+    the bulk route addresses the partition itself, and both must meet on the same claims owner."""
+    partitions = list(range(CODE_CLAIMS.partitions))
+    for i in range(200):
+        key = item(i)["content_hash"].encode()
+        assert partition_for(key, CODE_CLAIMS.partitions) == DefaultPartitioner()(key, partitions, partitions)

@@ -14,6 +14,7 @@ from app.lifecycle.code.claims import (
     answer_existing,
     application_answer,
     apply_created_for,
+    plan_claims,
     record_id_for,
     sequence_key,
 )
@@ -82,9 +83,6 @@ def test_a_new_claim_emits_apply_created_with_a_stable_id() -> None:
 
 
 def test_a_run_of_claims_numbers_new_records_and_answers_repeats_from_the_run() -> None:
-    from app.lifecycle.code.claims import Claim, plan_claims, record_id_for
-    from schemas.application import ApplicationRequest
-
     def app(n: int, work: int) -> ApplicationRequest:
         return ApplicationRequest.model_validate(
             {
