@@ -141,7 +141,7 @@ def import_cmd(
             summary = import_file(
                 api, path, state_path=state_path, batch_size=batch_size, progress=bar.update
             )
-        except ApiError as exc:
+        except (ApiError, OSError) as exc:  # OSError: the worker cannot be reached
             raise click.ClickException(
                 f"{exc} (rerun to resume: {state_path or state_path_for(path)})"
             ) from exc
