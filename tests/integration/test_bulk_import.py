@@ -202,6 +202,25 @@ def test_import_with_duplicates_invalid_lines_and_an_interruption_issues_each_wo
     assert counts == {"issued": WORKS}
 
 
+def post_batch(stack: Stack, body: bytes, content_type: str) -> tuple[int, Any]:
+    """POST a batch; a 429 (items still in claims: the module's claim wait is 50 ms) is resent
+    as it is after Retry-After, which must end in the final answers."""
+    for _ in range(30):
+        status, answer = asyncio.run(
+            stack.call(
+                "code",
+                "POST",
+                "/v1/avcc/applications:batch",
+                raw=body,
+                headers={"Content-Type": content_type},
+            )
+        )
+        if status != 429:
+            return status, answer
+        time.sleep(1.0)  # the module's AVCC_BULK_RETRY_AFTER_S
+    raise AssertionError(f"still 429 after 30 tries: {answer}")
+
+
 def test_a_batch_answers_each_item_like_the_single_route(stack: Stack) -> None:
     taken = application()
     status, single = asyncio.run(stack.call("code", "POST", "/v1/avcc/applications", taken))
@@ -213,10 +232,7 @@ def test_a_batch_answers_each_item_like_the_single_route(stack: Stack) -> None:
     fresh = application()
     batch = [fresh, taken, conflict, invalid, fresh]
 
-    json_type = {"Content-Type": "application/json"}
-    status, answer = asyncio.run(
-        stack.call("code", "POST", "/v1/avcc/applications:batch", batch, headers=json_type)
-    )
+    status, answer = post_batch(stack, orjson.dumps(batch), "application/json")
     assert status == 202, answer
     items = answer["items"]
     assert [i["http_status"] for i in items] == [202, 202, 409, 400, 202]
@@ -233,15 +249,7 @@ def test_a_batch_answers_each_item_like_the_single_route(stack: Stack) -> None:
     assert (answer["submitted"], answer["conflicts"], answer["rejected"], answer["throttled"]) == (3, 1, 1, 0)
 
     ndjson = b"\n".join(orjson.dumps(item) for item in (fresh, taken))
-    status, answer = asyncio.run(
-        stack.call(
-            "code",
-            "POST",
-            "/v1/avcc/applications:batch",
-            raw=ndjson,
-            headers={"Content-Type": "application/x-ndjson"},
-        )
-    )
+    status, answer = post_batch(stack, ndjson, "application/x-ndjson")
     assert status == 202, answer
     assert [i["avcc_record_id"] for i in answer["items"]] == [
         items[0]["avcc_record_id"],

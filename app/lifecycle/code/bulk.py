@@ -94,7 +94,7 @@ class PendingClaims:
     resent item is answered at once instead of being asked again at the back of the queue.
     """
 
-    def __init__(self, limit: int, ask_timeout_s: float, keep: int = 100_000, keep_s: float = 300.0) -> None:
+    def __init__(self, limit: int, ask_timeout_s: float, keep: int = 20_000, keep_s: float = 300.0) -> None:
         self.limit = limit
         self.ask_timeout_s = ask_timeout_s
         self.keep = keep
