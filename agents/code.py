@@ -14,29 +14,29 @@ import asyncio
 from typing import Any
 
 import faust
+import orjson
 from aiohttp import web
 
-from app.api import APPLY, RECORD, RECORD_COUNTS
+from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS
+from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
 from app.lifecycle.code.claims import (
     CLAIM_TIMEOUT_S,
-    Claim,
     ClaimAnswer,
     ClaimSequence,
-    answer_existing,
     application_answer,
-    apply_created_for,
-    record_id_for,
+    plan_claims,
     sequence_key,
 )
 from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
-from app.platform.http.auth import require_hmac, signed_json
+from app.platform.http.auth import RequestRefused, authenticate, require_hmac, signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import answer_at_owner, record_request
 from app.platform.http.views import install_common_views
+from app.platform.kafka.partitioner import partition_for
 from app.platform.settings import get_settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -46,6 +46,7 @@ from app.platform.topics import (
     REVIEW_TASK_FINISHED,
     TopicSpec,
 )
+from app.playback.gateway.ingest import BatchError
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
@@ -57,6 +58,8 @@ __all__ = ["app"]
 
 app = get_app("code")
 settings = get_settings()
+bulk = BulkSettings()
+bulk_claims = PendingClaims(bulk.max_in_flight, bulk.ask_timeout_s)
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
 
@@ -78,7 +81,8 @@ record_inputs = _raw_topic(APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRM
 
 
 class ClaimRequest(faust.Record, serializer="json"):
-    """An application to claim (the validated HTTP body as JSON)."""
+    """What to claim: one application as a JSON object (the single route), or several of one
+    claims partition as a JSON array (the bulk route)."""
 
     body: str
 
@@ -138,29 +142,35 @@ async def record_lifecycle(stream: Any) -> None:
         await runtime.process(event, handle_record_event, topic=topic, parking=record_parking)
 
 
-async def claim(application: ApplicationRequest, partition: int) -> ClaimAnswer:
-    """Find or make the claim of ``application``'s content hash on claims ``partition``."""
-    existing = claims.get(application.content_hash)
-    if existing is not None:
-        return answer_existing(existing, application.request_id)
+async def claim_many(applications: list[ApplicationRequest], partition: int) -> list[ClaimAnswer]:
+    """Find or make the claims of ``applications``' content hashes on claims ``partition``: one
+    produce (and one wait for the acks) for all the new records, then the table writes."""
     sequence = claim_sequences.get(sequence_key(partition))
-    seq = sequence.root if sequence is not None else 0
-    record_id = record_id_for(seq, partition)
-    await runtime.emit([apply_created_for(application, record_id)])
-    new = Claim(avcc_record_id=record_id, request_id=application.request_id, claimed_ms=now_ms())
-    claim_sequences[sequence_key(partition)] = ClaimSequence(seq + 1)
-    claims[application.content_hash] = new
-    return ClaimAnswer(202, "created", new)
+    plan = plan_claims(
+        applications, claims.get, sequence.root if sequence is not None else 0, partition, now_ms()
+    )
+    if plan.events:
+        await runtime.emit(plan.events)
+        claim_sequences[sequence_key(partition)] = ClaimSequence(plan.sequence)
+        for content_hash, made in plan.made.items():
+            claims[content_hash] = made
+    return plan.answers
 
 
 @app.agent(claims_topic)
 async def claim_applications(stream: Any) -> Any:
-    """Claim a content hash for an application: allocate the record and emit apply.created."""
+    """Claim content hashes: allocate the records and emit apply.created. A request is one
+    application (JSON object, the single route) or several of one partition (JSON array, the
+    bulk route), answered with one reply or a list of them."""
     async for request in stream:
         event = faust.current_event()
         partition = event.message.partition if event is not None else 0
-        answer = await claim(ApplicationRequest.model_validate_json(request.body), partition)
-        yield answer.as_reply()
+        if request.body.startswith("["):
+            many = [ApplicationRequest.model_validate(item) for item in orjson.loads(request.body)]
+            yield [answer.as_reply() for answer in await claim_many(many, partition)]
+        else:
+            answers = await claim_many([ApplicationRequest.model_validate_json(request.body)], partition)
+            yield answers[0].as_reply()
 
 
 @route(app, APPLY)
@@ -173,17 +183,63 @@ class Applications(faust.web.View):
             return checked
         _, application = checked
         try:
-            reply = await asyncio.wait_for(
-                claim_applications.ask(
-                    value=ClaimRequest(body=application.model_dump_json()),
-                    key=application.content_hash.encode(),
-                ),
-                CLAIM_TIMEOUT_S,
-            )
+            reply = await asyncio.wait_for(ask_claim(application), CLAIM_TIMEOUT_S)
         except TimeoutError:
             return json_error(503, "claim timed out; retry with the same request_id")
         status, answer = application_answer(application.request_id, reply)
         return json_response(answer, status)
+
+
+async def ask_claim(application: ApplicationRequest) -> dict[str, Any]:
+    """The claims agent's reply for one application (the single route)."""
+    reply: dict[str, Any] = await claim_applications.ask(
+        value=ClaimRequest(body=application.model_dump_json()),
+        key=application.content_hash.encode(),
+    )
+    return reply
+
+
+async def ask_claims(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
+    """The claims agent's replies for applications of one claims partition, in one request."""
+    body = orjson.dumps([a.model_dump(mode="json", exclude_none=True) for a in applications]).decode()
+    replies: list[dict[str, Any]] = await claim_applications.ask(
+        value=ClaimRequest(body=body), key=applications[0].content_hash.encode(), partition=partition
+    )
+    return replies
+
+
+def claims_partition(application: ApplicationRequest) -> int:
+    """The claims partition of an application (where the single route's keyed ask lands)."""
+    return partition_for(application.content_hash.encode(), CODE_CLAIMS.partitions)
+
+
+@route(app, APPLY_BATCH)
+class BatchApplications(faust.web.View):
+    """``POST``: up to ``AVCC_BULK_MAX_ITEMS`` applications in one signed request (JSON array or
+    NDJSON), each answered like the single route; 429 + Retry-After instead of a timeout."""
+
+    async def post(self, request: web.Request) -> web.Response:
+        try:
+            signed = await authenticate(request, settings, scope="apply", max_body_bytes=bulk.max_body_bytes)
+            # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
+            content_type = request.content_type if "Content-Type" in request.headers else ""
+            valid, refused = read_batch(signed.body, content_type, bulk.max_items)
+        except RequestRefused as exc:
+            return exc.response()
+        except BatchError as exc:
+            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
+        if not bulk_claims.admits([application for _, application in valid]):
+            return json_error(
+                429,
+                "too many applications in claims; retry later",
+                reason="busy",
+                retry_after_s=bulk.retry_after_s,
+            )
+        outcome = await claim_batch(
+            valid, refused, bulk_claims, ask_claims, claims_partition, bulk.claim_wait_s
+        )
+        retry = {"Retry-After": str(bulk.retry_after_s)} if outcome.status == 429 else None
+        return json_response(outcome.body(), outcome.status, retry)
 
 
 @route(app, RECORD)

@@ -23,6 +23,7 @@ __all__ = [
     "ANOMALIES",
     "API_VERSION",
     "APPLY",
+    "APPLY_BATCH",
     "DECIDE",
     "INSTRUCTION",
     "OPERATIONS",
@@ -74,6 +75,50 @@ APPLY = Operation(
     scope="apply",
     body=Body(ApplicationRequest),
     errors=(409,),
+    tag="records",
+)
+_BATCH_ITEM: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["index", "http_status"],
+    "properties": {
+        "index": _INT,
+        "http_status": {"enum": [202, 400, 409, 429]},
+        "request_id": _STR,
+        "avcc_record_id": _INT,
+        "status": {"enum": ["submitted", "conflict"]},
+        "error": _STR,
+        "reason": _STR,
+        "fields": {"type": "array", "items": _STR},
+        "existing_request_id": _STR,
+    },
+    "description": "What the single route would answer for this item (its status in http_status); "
+    "429 items were not claimed in time and are resent as they are.",
+}
+APPLY_BATCH = Operation(
+    "POST",
+    "/v1/avcc/applications:batch",
+    "Apply for up to 1,000 works at once (a JSON array; NDJSON as application/x-ndjson is also "
+    "accepted); each item is answered like POST /v1/avcc/applications.",
+    (
+        Reply(
+            202,
+            "Every item has its final answer (submitted, conflict or invalid).",
+            {
+                "type": "object",
+                "required": ["submitted", "conflicts", "rejected", "throttled", "items"],
+                "properties": {
+                    "submitted": _INT,
+                    "conflicts": _INT,
+                    "rejected": _INT,
+                    "throttled": _INT,
+                    "items": {"type": "array", "items": _BATCH_ITEM},
+                },
+            },
+        ),
+    ),
+    scope="apply",
+    body=Body(ApplicationRequest, array=True),
+    errors=(415, 429),
     tag="records",
 )
 RECORD = Operation(
@@ -262,7 +307,7 @@ ANOMALIES = Operation(
 
 #: Every partner operation, in the order of the partner document's tags.
 OPERATIONS: Final = (
-    *(APPLY, RECORD, RECORD_COUNTS, TASKS, DECIDE),
+    *(APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS, TASKS, DECIDE),
     *(SUBMIT_INSTRUCTION, INSTRUCTION, PLAYBACK_EVENTS, STATS, ANOMALIES),
 )
 

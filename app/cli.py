@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import orjson
 
-from app.client_cli import client
+from app.client_cli import client, import_cmd
 from app.platform.topics import TOPIC_PLAN
 
 __all__ = ["main"]
@@ -252,6 +252,7 @@ def dlq_discard(dlq_id: str, operator: str, reason: str) -> None:
 
 
 main.add_command(client)
+main.add_command(import_cmd)
 
 if __name__ == "__main__":
     main()

@@ -8,12 +8,15 @@ Standard library only (``urllib``) plus this package's signing, so a partner can
                         playback_url="http://127.0.0.1:6071")
     receipt = client.apply({"request_id": "req-1", ...})       # 202 body: avcc_record_id, status
     report = client.send_playback(events, batch_size=500)       # PlaybackReport(accepted, rejected)
+    batch = client.apply_batch([line, ...])                     # BatchReport: one answer per line
 
 Every request carries fresh ``X-AVCC-*`` headers (a retry is signed again: nonces are single
 use). ``429`` and ``503`` are retried after ``Retry-After`` (seconds or an HTTP date; 1 s when
 absent), at most ``max_retries`` times. A ``429`` that reports which playback items were
 accepted (the gateway's queue filled half-way) resends only the throttled items, so nothing is
-produced twice. Other errors raise :class:`ApiError` with the status and the JSON body.
+produced twice; a bulk application batch resends only its ``throttled`` items the same way (a
+resent item keeps its ``request_id``, so it can never make a second record). Other errors
+raise :class:`ApiError` with the status and the JSON body.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from app.api import APPLY, PLAYBACK_EVENTS, RECORD
+from app.api import APPLY, APPLY_BATCH, PLAYBACK_EVENTS, RECORD, RECORD_COUNTS
 from app.platform.http.signing import sign_request
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "QUEUE_FULL",
     "ApiError",
     "AvccClient",
+    "BatchReport",
     "DuplicateContent",
     "PlaybackReport",
     "retry_after_s",
@@ -47,6 +51,8 @@ __all__ = [
 APPLICATIONS_PATH: Final = APPLY.path
 PLAYBACK_PATH: Final = PLAYBACK_EVENTS.path
 RECORD_PATH: Final = RECORD.path
+BATCH_PATH: Final = APPLY_BATCH.path
+NDJSON: Final = "application/x-ndjson"
 #: The gateway's per-item error of an item it did not produce because its queue was full.
 QUEUE_FULL: Final = "producer queue full, retry later"
 _RETRIED: Final = frozenset({429, 503})
@@ -75,6 +81,20 @@ class PlaybackReport:
     rejected: list[tuple[int, str]] = field(default_factory=list)
     #: HTTP requests made, retries included.
     requests: int = 0
+    #: Seconds spent waiting for ``Retry-After``.
+    waited_s: float = 0.0
+
+
+@dataclass(slots=True)
+class BatchReport:
+    """Outcome of :meth:`AvccClient.apply_batch`: the server's final answer for every item."""
+
+    #: Per-item answers (``http_status`` 202, 400 or 409), indexed like the input.
+    answers: list[dict[str, Any]] = field(default_factory=list)
+    #: HTTP requests made, retries included.
+    requests: int = 0
+    #: 429 answers (the whole batch busy, or some items throttled) that were waited out.
+    throttled: int = 0
     #: Seconds spent waiting for ``Retry-After``.
     waited_s: float = 0.0
 
@@ -147,6 +167,13 @@ class AvccClient:
         answer, _ = self._call("GET", url, None)
         return self._ok("GET", url, answer)
 
+    def record_counts(self) -> dict[str, int]:
+        """Records by status among the partitions the answering code worker holds."""
+        url = self.base_url + RECORD_COUNTS.path
+        answer, _ = self._call("GET", url, None)
+        counts = self._ok("GET", url, answer).get("counts", {})
+        return {str(k): int(v) for k, v in counts.items()}
+
     def send_playback(
         self, events: Iterable[Mapping[str, Any] | BaseModel], batch_size: int = 500
     ) -> PlaybackReport:
@@ -163,6 +190,44 @@ class AvccClient:
         if batch:
             self._send_batch(batch, report)
         report.rejected.sort()
+        return report
+
+    def apply_batch(self, items: Sequence[bytes]) -> BatchReport:
+        """Apply for every NDJSON line of ``items`` (one JSON object each) in one batch.
+
+        Throttled items (429) are resent after ``Retry-After`` until each has its final answer;
+        more than ``max_retries`` 429s in a row raise :class:`ApiError`.
+        """
+        url = self.base_url + BATCH_PATH
+        answers: dict[int, dict[str, Any]] = {}
+        pending = list(range(len(items)))
+        report = BatchReport()
+        retries = 0
+        while pending:
+            answer = self._request(
+                "POST", url, None, raw=b"\n".join(items[i] for i in pending), content_type=NDJSON
+            )
+            report.requests += 1
+            body = answer.body if isinstance(answer.body, dict) else {}
+            if answer.status not in _RETRIED and answer.status != 202:
+                raise ApiError(answer.status, answer.body, "POST", url)
+            throttled: list[int] = []
+            answered = len(answers)
+            for item in body.get("items", []) if answer.status in {202, 429} else []:
+                original = pending[int(item["index"])]
+                if item.get("http_status") == 429:
+                    throttled.append(original)
+                else:
+                    answers[original] = {**item, "index": original}
+            if answer.status == 202:
+                break
+            retries = 0 if len(answers) > answered else retries + 1
+            if retries > self.max_retries:
+                raise ApiError(answer.status, answer.body, "POST", url)
+            pending = throttled if "items" in body else pending
+            report.throttled += 1
+            report.waited_s += self._wait(answer)
+        report.answers = [answers[i] for i in range(len(items))]
         return report
 
     # --- internals -----------------------------------------------------------------------------
@@ -213,14 +278,24 @@ class AvccClient:
             raise ApiError(answer.status, answer.body, method, url)
         return answer.body
 
-    def _request(self, method: str, url: str, payload: Any) -> _Answer:
-        body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+    def _request(
+        self,
+        method: str,
+        url: str,
+        payload: Any,
+        *,
+        raw: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> _Answer:
+        if raw is None and payload is not None:
+            raw = json.dumps(payload, separators=(",", ":")).encode()
+        body = raw or b""
         parts = urlsplit(url)
         path_qs = parts.path + (f"?{parts.query}" if parts.query else "")
         headers = sign_request(method, path_qs, body, self.key, self.secret)
-        if payload is not None:
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(url, data=body if payload is not None else None, method=method)
+        if raw is not None:
+            headers["Content-Type"] = content_type
+        request = urllib.request.Request(url, data=raw, method=method)
         for name, value in headers.items():
             request.add_header(name, value)
         try:

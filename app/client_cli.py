@@ -1,4 +1,5 @@
-"""``avcc client``: the partner client (:mod:`app.client`) on the command line - apply, read a record.
+"""``avcc client`` and ``avcc import``: the partner client (:mod:`app.client`) on the command line -
+apply, read a record, import an NDJSON file of applications.
 
 Meant for the README's quick start and for trying a stack by hand: it signs with ``--key`` /
 ``--secret`` (the dev stack's shipped key by default) and talks to the code worker at ``--url``
@@ -11,16 +12,18 @@ import hashlib
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import click
 import orjson
 
+from app.bulk_import import import_file, state_path_for
 from app.client import ApiError, AvccClient, DuplicateContent
 from app.platform.groups import group_spec
 from app.platform.settings import DEV_HMAC_KEYS, Settings
 
-__all__ = ["client"]
+__all__ = ["client", "import_cmd"]
 
 _DEV_KEY, _DEV_SECRET = next(iter(DEV_HMAC_KEYS.items()))
 
@@ -110,3 +113,36 @@ def record_cmd(api: AvccClient, avcc_record_id: int, until_status: str | None, t
             click.echo(f"record {avcc_record_id} is not {until_status} after {timeout_s:g} s", err=True)
             sys.exit(1)
         time.sleep(0.5)
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--url", envvar="AVCC_CLIENT_URL", default=None, help="Code worker base URL.")
+@click.option("--key", envvar="AVCC_CLIENT_KEY", default=_DEV_KEY, show_default=True)
+@click.option("--secret", envvar="AVCC_CLIENT_SECRET", default=_DEV_SECRET, show_default=True)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Resume file (default: PATH.import-state); lines answered in it are skipped.",
+)
+@click.option("--batch-size", default=1_000, show_default=True, type=click.IntRange(1, 1_000))
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def import_cmd(
+    path: Path, url: str | None, key: str, secret: str, state_path: Path | None, batch_size: int, quiet: bool
+) -> None:
+    """Apply for every line of an NDJSON file of applications; resumable, prints a JSON summary."""
+    api = AvccClient(url or _default_url(), key, secret, max_retries=60)
+    with path.open("rb") as source:
+        total = sum(1 for raw in source if raw.strip())
+    with click.progressbar(length=total, label="importing", file=sys.stderr, hidden=quiet) as bar:
+        try:
+            summary = import_file(
+                api, path, state_path=state_path, batch_size=batch_size, progress=bar.update
+            )
+        except (ApiError, OSError) as exc:  # OSError: the worker cannot be reached
+            raise click.ClickException(
+                f"{exc} (rerun to resume: {state_path or state_path_for(path)})"
+            ) from exc
+    _echo(summary.as_dict())

@@ -1,4 +1,4 @@
-"""Synthetic playback traffic for the bench and the integration tests (deterministic per seed)."""
+"""Synthetic playback traffic (deterministic per seed) and applications for the benches and tests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["code", "envelope", "payload", "user_hash"]
+__all__ = ["code", "envelope", "o_level_application", "payload", "user_hash"]
 
 SOURCE = "gateway-svc"
 
@@ -54,3 +54,16 @@ def envelope(item: dict[str, Any], timestamp_ms: int, event_id: str | None = Non
             "payload": item,
         }
     )
+
+
+def o_level_application() -> dict[str, Any]:
+    """A fresh O-level work's application (auto-approved, so its code is issued without a person)."""
+    return {
+        "request_id": f"req_{uuid.uuid4().hex[:16]}",
+        "content_url": "s3://aigc-hub-storage/works/raw/bench.mp4",
+        "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
+        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
+        "priority": 9,
+        "title": "bench work",
+        "applicant_id": "bench",
+    }

@@ -12,6 +12,7 @@ __all__ = ["SETTINGS_CLASSES", "config_tables"]
 #: Every settings class, in README order: (module, class name, heading).
 SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.platform.settings", "Settings", "Pipeline (all groups)"),
+    ("app.lifecycle.code.bulk", "BulkSettings", "bulk applications (code group)"),
     ("app.playback.gateway.ingest", "GatewaySettings", "gateway group"),
     ("app.playback.sink.config", "SinkConfig", "sink group"),
     ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),

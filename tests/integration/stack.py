@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.http.auth import sign_request
 from app.servers.process import ManagedProcess, free_port
+from bench.data import o_level_application
 
 __all__ = [
     "API_KEY",
@@ -204,15 +204,13 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> Any:
 
 def application(**overrides: Any) -> dict[str, Any]:
     """A valid application body for a fresh work."""
-    body = {
-        "request_id": f"req_{uuid.uuid4().hex[:12]}",
-        "content_url": "s3://aigc-hub-storage/works/raw/clip.mp4",
-        "content_hash": "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest(),
-        "ai_tool_info": {"model_name": "Stable-Diffusion-XL", "model_version": "v1.0"},
-        "priority": 9,
-        "title": "Sunrise over the river",
-        "applicant_id": "applicant-42",
-    }
+    body = o_level_application()
+    body.update(
+        request_id=f"req_{uuid.uuid4().hex[:12]}",
+        content_url="s3://aigc-hub-storage/works/raw/clip.mp4",
+        title="Sunrise over the river",
+        applicant_id="applicant-42",
+    )
     body.update(overrides)
     return body
 

@@ -56,11 +56,19 @@ def _app(script: Scripted) -> web.Application:
             body = (await authenticate(request, settings, scope="apply", nonces=nonces)).body
         except RequestRefused as exc:
             return exc.response()
-        payload = json.loads(body) if body else None
+        if request.content_type == "application/x-ndjson":
+            payload: Any = [json.loads(line) for line in body.split(b"\n")]
+        else:
+            payload = json.loads(body) if body else None
         script.received.append((time.monotonic(), request.path, payload))
         if script.answers:
             status, answer, headers = script.answers.pop(0)
             return web.json_response(answer, status=status, headers=headers)
+        if request.path == "/v1/avcc/applications:batch":
+            items = [
+                {"index": i, "http_status": 202, "request_id": a["request_id"]} for i, a in enumerate(payload)
+            ]
+            return web.json_response({"items": items}, status=202)
         if request.path == "/v1/playback/events":
             return web.json_response({"accepted": len(payload), "rejected": 0, "errors": []}, status=202)
         return web.json_response({"request_id": payload["request_id"], "avcc_record_id": 7}, status=202)
@@ -175,3 +183,38 @@ def test_retry_after_parsing() -> None:
     assert retry_after_s("garbage") == 1.0
     assert 9.0 <= retry_after_s(formatdate(time.time() + 10, usegmt=True)) <= 10.0
     assert retry_after_s(formatdate(time.time() - 10, usegmt=True)) == 0.0
+
+
+def _app_line(i: int) -> bytes:
+    return json.dumps({"request_id": f"r{i}", "title": f"work {i}"}).encode()
+
+
+def test_batch_resends_only_throttled_items_and_keeps_input_indexes(server: tuple[str, Scripted]) -> None:
+    url, script = server
+    throttled = {
+        "error": "some items were not claimed in time; resend those",
+        "items": [
+            {"index": 0, "http_status": 202, "request_id": "r0", "avcc_record_id": 1},
+            {"index": 1, "http_status": 429, "request_id": "r1"},
+            {"index": 2, "http_status": 400, "error": "title: required", "fields": ["title"]},
+            {"index": 3, "http_status": 429, "request_id": "r3"},
+        ],
+    }
+    script.answers.append((429, throttled, {"Retry-After": "1"}))
+    script.answers.append((429, {"error": "busy", "reason": "busy"}, {"Retry-After": "1"}))
+    report = AvccClient(url, KEY, SECRET).apply_batch([_app_line(i) for i in range(4)])
+    assert [a["http_status"] for a in report.answers] == [202, 202, 400, 202]
+    assert [a["index"] for a in report.answers] == [0, 1, 2, 3]
+    assert report.answers[3]["request_id"] == "r3"
+    assert (report.requests, report.throttled, report.waited_s) == (3, 2, 2.0)
+    sent = [[item["request_id"] for item in p] for _, path, p in script.received]
+    assert sent == [["r0", "r1", "r2", "r3"], ["r1", "r3"], ["r1", "r3"]]
+
+
+def test_batch_gives_up_after_max_retries_without_progress(server: tuple[str, Scripted]) -> None:
+    url, script = server
+    for _ in range(3):
+        script.answers.append((429, {"error": "busy", "reason": "busy"}, {"Retry-After": "0"}))
+    with pytest.raises(ApiError) as raised:
+        AvccClient(url, KEY, SECRET, max_retries=1).apply_batch([_app_line(0)])
+    assert raised.value.status == 429

@@ -9,7 +9,8 @@ different partitions never hand out the same id.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pydantic import BaseModel, RootModel
@@ -27,10 +28,12 @@ __all__ = [
     "ID_STRIDE",
     "Claim",
     "ClaimAnswer",
+    "ClaimPlan",
     "ClaimSequence",
     "answer_existing",
     "application_answer",
     "apply_created_for",
+    "plan_claims",
     "record_id_for",
     "sequence_key",
 ]
@@ -102,6 +105,42 @@ def apply_created_for(application: ApplicationRequest, record_id: int) -> Outgoi
         payload, source="code-svc", event_id=uuid.uuid5(EVENT_NS, f"apply.created:{record_id}")
     )
     return Outgoing(APPLY_CREATED, envelope, record_id)
+
+
+@dataclass(slots=True)
+class ClaimPlan:
+    """What claiming a run of applications on one partition takes: the answers (in order), the
+    events to produce, the claims to store once they are acknowledged, the next sequence."""
+
+    answers: list[ClaimAnswer] = field(default_factory=list)
+    events: list[Outgoing] = field(default_factory=list)
+    made: dict[str, Claim] = field(default_factory=dict)
+    sequence: int = 0
+
+
+def plan_claims(
+    applications: Sequence[ApplicationRequest],
+    stored: Callable[[str], Claim | None],
+    sequence: int,
+    partition: int,
+    now_ms: int,
+) -> ClaimPlan:
+    """Claim ``applications`` in order on ``partition`` (``stored``: the claims table): a known
+    content hash -- stored, or claimed earlier in the same run -- is answered from its claim, a
+    new one gets the next record id and its ``apply.created`` event."""
+    plan = ClaimPlan(sequence=sequence)
+    for application in applications:
+        existing = plan.made.get(application.content_hash) or stored(application.content_hash)
+        if existing is not None:
+            plan.answers.append(answer_existing(existing, application.request_id))
+            continue
+        record_id = record_id_for(plan.sequence, partition)
+        plan.sequence += 1
+        plan.events.append(apply_created_for(application, record_id))
+        claim = Claim(avcc_record_id=record_id, request_id=application.request_id, claimed_ms=now_ms)
+        plan.made[application.content_hash] = claim
+        plan.answers.append(ClaimAnswer(202, "created", claim))
+    return plan
 
 
 def application_answer(request_id: str, reply: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.violations import to_schema_violation
 
-__all__ = ["BadRequest", "json_error", "json_response", "parse_body"]
+__all__ = ["BadRequest", "json_error", "json_response", "parse_body", "validate_object"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -72,6 +72,12 @@ def parse_body(model: type[_M], raw: bytes) -> _M:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"body: malformed JSON ({exc})", ("body",)) from exc
+    return validate_object(model, data)
+
+
+def validate_object(model: type[_M], data: Any) -> _M:
+    """Validate one decoded JSON value against ``model``; :class:`BadRequest` names the fields
+    (the same answer for a single body and for each item of a batch)."""
     if not isinstance(data, dict):
         raise BadRequest("body: must be a JSON object", ("body",))
     try:

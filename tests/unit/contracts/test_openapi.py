@@ -53,6 +53,7 @@ def test_each_operation_is_mounted_by_exactly_one_agent_and_no_v1_route_bypasses
         assert not re.search(r"app\.page\(\s*[\"'/]*v1", source)
     names = {
         "APPLY",
+        "APPLY_BATCH",
         "RECORD",
         "RECORD_COUNTS",
         "TASKS",

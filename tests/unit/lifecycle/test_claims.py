@@ -14,6 +14,7 @@ from app.lifecycle.code.claims import (
     answer_existing,
     application_answer,
     apply_created_for,
+    plan_claims,
     record_id_for,
     sequence_key,
 )
@@ -79,3 +80,31 @@ def test_a_new_claim_emits_apply_created_with_a_stable_id() -> None:
     assert out.topic == APPLY_CREATED and out.avcc_record_id == 10_066
     assert out.envelope.payload.content_hash == HASH  # type: ignore[attr-defined]
     assert out.envelope.event_id == uuid.uuid5(EVENT_NS, "apply.created:10066")
+
+
+def test_a_run_of_claims_numbers_new_records_and_answers_repeats_from_the_run() -> None:
+    def app(n: int, work: int) -> ApplicationRequest:
+        return ApplicationRequest.model_validate(
+            {
+                "request_id": f"req_{n}",
+                "content_url": "s3://works/clip.mp4",
+                "content_hash": "sha256:" + f"{work:064x}",
+                "ai_tool_info": {"model_name": "m", "model_version": "v1"},
+                "title": "t",
+                "applicant_id": "a",
+            }
+        )
+
+    stored = {"sha256:" + f"{9:064x}": Claim(avcc_record_id=42, request_id="req_old", claimed_ms=1)}
+    run = [app(1, 1), app(2, 9), app(1, 1), app(3, 1), app(4, 2)]
+    plan = plan_claims(run, stored.get, sequence=7, partition=3, now_ms=5)
+    assert [(a.http_status, a.claim.avcc_record_id) for a in plan.answers] == [
+        (202, record_id_for(7, 3)),
+        (409, 42),
+        (202, record_id_for(7, 3)),
+        (409, record_id_for(7, 3)),
+        (202, record_id_for(8, 3)),
+    ]
+    assert plan.sequence == 9
+    assert [e.avcc_record_id for e in plan.events] == [record_id_for(7, 3), record_id_for(8, 3)]
+    assert set(plan.made) == {"sha256:" + f"{1:064x}", "sha256:" + f"{2:064x}"}
