@@ -14,6 +14,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings
+from app.platform.topics import DLQ
 from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
 from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
 
@@ -42,6 +45,8 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
     topic, group = f"lagui.apply.{unique}", f"lagui-review-{unique}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(timeout=30)
+    # Deployed like production: the plan (the DLQ the ops worker indexes) exists before workers.
+    apply_plan(Settings(kafka_url=f"kafka://{bootstrap}"), [DLQ])
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i in range(1500):
         producer.produce(topic, key=str(i).encode(), value=b"{}")

@@ -22,8 +22,10 @@ from app.ops.alerts import Alert
 from app.ops.lag.monitor import LagMonitor, LagReport
 from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagRule, LagSettings
+from app.platform.kafka.admin import apply_plan
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
+from app.platform.topics import DLQ
 from app.servers import ManagedProcess, free_port
 from tests.integration.stack import create_topic
 
@@ -295,6 +297,8 @@ def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
     topic, group = f"lagtest.ops.{unique}", f"lagtest-ops-{unique}"
     create_topic(broker.bootstrap, topic, 6)
     produce(broker.bootstrap, topic, 1500)
+    # Deployed like production: the plan (the DLQ the ops worker indexes) exists before workers.
+    apply_plan(Settings(kafka_url=f"kafka://{broker.bootstrap}"), [DLQ])
     port = free_port()
     rules = [{"name": "TestApplyLag", "topic": topic, "groups": [group], "max_lag": 1000}]
     env = worker_env(
