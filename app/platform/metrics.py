@@ -267,3 +267,13 @@ OPERATOR_LOGIN_FAILURES = Counter(
     registry=REGISTRY,
 )
 __all__ += ["OPERATOR_LOGIN_FAILURES"]
+
+# --- faust replies (app/platform/faust/app.py) -----------------------------------------------------
+REPLIES_DROPPED = Counter(
+    "avcc_replies_dropped_total",
+    "Agent replies dropped instead of crashing the reply consumer: nobody_waiting (a duplicate, or "
+    "late after the asker gave up) or already_answered (a duplicate racing the first delivery)",
+    ["app", "reason"],
+    registry=REGISTRY,
+)
+__all__ += ["REPLIES_DROPPED"]
