@@ -253,8 +253,8 @@ class KafkaKRaftBroker(ManagedServer):
             *java,
             "kafka.tools.StorageTool",
             "format",
-            "--cluster-id",
-            self.cluster_id,
+            # one argument: an id may start with "-" (urlsafe base64), which argparse takes for an option
+            f"--cluster-id={self.cluster_id}",
             "--config",
             str(self.config_path),
             "--ignore-formatted",

@@ -26,9 +26,11 @@ __all__ = [
     "API_KEY",
     "API_SECRET",
     "CORE_GROUPS",
+    "EXPECTED_EVENTS",
     "Stack",
     "application",
     "create_topic",
+    "issued_exactly_once",
     "record_when",
     "wait_for",
 ]
@@ -244,6 +246,23 @@ async def record_when(stack: Stack, record_id: int, done: Any, wait_s: float = 6
             return dict(last)
         await asyncio.sleep(0.2)
     raise AssertionError(f"record {record_id} never reached the state; last={last}\n{stack.logs()}")
+
+
+#: Each lifecycle event applied exactly once (their arrival order may vary: a chain receipt can
+#: overtake the review result, which reaches the code group through its repartition topic).
+EXPECTED_EVENTS = ["apply.created", "chain.tx.confirmed", "review.task.finished"]
+
+
+async def issued_exactly_once(stack: Stack, record_ids: list[int]) -> list[dict[str, Any]]:
+    """Every record issued once: each lifecycle event applied once, one distinct code each."""
+    records = [await record_when(stack, r, lambda x: x.get("avcc_code"), wait_s=120) for r in record_ids]
+    for record in records:
+        events = sorted(h["event"] for h in record["history"])
+        assert events == EXPECTED_EVENTS, f"record {record['avcc_record_id']} history {record['history']}"
+        assert record["status"] == "issued" and record["decision"] == "approved"
+        assert record["history"][-1]["status"] == "issued"
+    assert len({r["avcc_code"] for r in records}) == len(records)
+    return records
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:

@@ -104,9 +104,10 @@ def partitions_settled(app: Any) -> bool:
     return not app.rebalancing and bool(app.tables.actives_ready)
 
 
-async def wait_settled(app: Any, wait_s: float = SETTLE_WAIT_S) -> bool:
-    """Wait (bounded) until :func:`partitions_settled`; whether it is."""
-    deadline = time.monotonic() + wait_s
+async def wait_settled(app: Any, wait_s: float | None = None) -> bool:
+    """Wait (at most ``wait_s``, default :data:`SETTLE_WAIT_S`) until :func:`partitions_settled`;
+    whether it is."""
+    deadline = time.monotonic() + (SETTLE_WAIT_S if wait_s is None else wait_s)
     while not partitions_settled(app):
         if time.monotonic() >= deadline:
             return False
