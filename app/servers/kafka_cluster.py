@@ -154,6 +154,13 @@ class KafkaCluster:
         for node in self.nodes.values():
             node.stop()
 
+    def fully_in_sync(self, topic: str, timeout: float = 10.0) -> bool:
+        """Whether every partition of ``topic`` has all its replicas in sync (a restarted node
+        has caught up)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        meta = admin.list_topics(topic=topic, timeout=timeout).topics[topic]
+        return all(len(p.isrs) == len(p.replicas) for p in meta.partitions.values())
+
     def leader_of(self, topic: str, partition: int, timeout: float = 10.0) -> int:
         """``node.id`` of the current leader of ``topic[partition]`` (-1 while it has none)."""
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
