@@ -8,6 +8,8 @@ safe to replay, so the cure is a crash: the supervisor (the dev stack, Kubernete
 
 from __future__ import annotations
 
+import asyncio
+import io
 import logging
 import os
 from collections.abc import Iterable
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from app.ops.lag.snapshot import PartitionOffsets
 
-__all__ = ["StallWatchdog", "exit_stalled"]
+__all__ = ["StallWatchdog", "exit_stalled", "task_stacks"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +51,39 @@ class StallWatchdog:
         return stalled
 
 
-def exit_stalled(group: str, stalled: list[tuple[str, int]], stall_s: float) -> None:
-    """Log why and exit at once (no graceful shutdown: the stuck consumer may hang it)."""
+def task_stacks(frames: int = 8) -> str:
+    """Where every task of the running event loop waits (empty outside a loop): what a stalled
+    worker was stuck on, for its last log lines."""
+    try:
+        tasks = asyncio.all_tasks()
+    except RuntimeError:
+        return ""
+    out = io.StringIO()
+    for task in tasks:
+        task.print_stack(limit=frames, file=out)
+    return out.getvalue()
+
+
+def exit_stalled(
+    group: str, stalled: list[tuple[str, int]], stall_s: float, offsets: Iterable[PartitionOffsets] = ()
+) -> None:
+    """Log why (the stalled partitions' offsets, every task's stack) and exit at once (no
+    graceful shutdown: the stuck consumer may hang it)."""
+    wanted = set(stalled)
+    rows = "; ".join(
+        f"{r.topic}[{r.partition}] committed={r.committed} lag={r.lag}"
+        for r in offsets
+        if (r.topic, r.partition) in wanted
+    )
     log.critical(
         "consumer of group %s made no progress for %.0f s on %s while they have lag; exiting with "
-        "status %d so the supervisor restarts this worker",
+        "status %d so the supervisor restarts this worker (%s)\n%s",
         group,
         stall_s,
         ", ".join(f"{t}[{p}]" for t, p in stalled),
         STALL_EXIT_CODE,
+        rows,
+        task_stacks(),
     )
     logging.shutdown()
     os._exit(STALL_EXIT_CODE)

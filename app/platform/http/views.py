@@ -253,7 +253,7 @@ def _exporter_service(
                 if watchdog is not None and rows:
                     stalled = watchdog.observe(rows, time.monotonic())
                     if stalled:
-                        exit_stalled(exporter.group_id, stalled, watchdog.stall_s)
+                        exit_stalled(exporter.group_id, stalled, watchdog.stall_s, rows)
                 await self.sleep(interval_s)
 
         async def on_stop(self) -> None:

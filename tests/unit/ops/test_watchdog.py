@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import StallWatchdog
+from app.ops.watchdog import StallWatchdog, task_stacks
 
 
 def row(partition: int, end: int, committed: int | None) -> PartitionOffsets:
@@ -54,3 +56,19 @@ def test_the_reply_topic_is_not_a_source_partition() -> None:
         assert exporter.assigned() == [("topic.avcc.apply.created", 1)]
     finally:
         del app._consumer
+
+
+async def test_task_stacks_name_where_each_task_waits() -> None:
+    async def stuck_on_a_delivery() -> None:
+        await asyncio.sleep(60)
+
+    task = asyncio.create_task(stuck_on_a_delivery())
+    await asyncio.sleep(0)
+    try:
+        assert "stuck_on_a_delivery" in task_stacks()
+    finally:
+        task.cancel()
+
+
+def test_no_stacks_outside_an_event_loop() -> None:
+    assert task_stacks() == ""
