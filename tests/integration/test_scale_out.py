@@ -221,7 +221,10 @@ async def test_failover_under_load_loses_duplicates_and_refuses_nothing(
     issued_ids = [r for r in record_ids if r is not None]
     assert len(set(issued_ids)) == APPLICATIONS
 
-    await issued_exactly_once(stack, issued_ids)
+    try:
+        await issued_exactly_once(stack, issued_ids)
+    except (AssertionError, aiohttp.ClientError) as exc:
+        raise AssertionError(f"not every record issued once ({exc}); worker exits: {stack.exits}") from exc
     all_issued_after_s = time.monotonic() - start
     assert ledger_transactions(stack) - txs_before == APPLICATIONS, "a failover lost or doubled a transaction"
     exits = sorted((group, index) for group, index, _ in stack.exits)
