@@ -185,6 +185,17 @@ async def chaos(stack: Stack, cluster: KafkaCluster, start: float, report: Failo
         await asyncio.sleep(0.5)
 
 
+async def replies_dropped(stack: Stack) -> float:
+    """``avcc_replies_dropped_total`` summed over the code replicas (since each one's last start)."""
+    total = 0.0
+    for index in stack.replicas("code"):
+        _, text = await stack.call("code", "GET", "/metrics", signed=False, index=index)
+        for line in str(text).splitlines():
+            if line.startswith("avcc_replies_dropped_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def ledger_transactions(stack: Stack) -> int:
     """Transactions on every chain replica's ledger (created on its first transaction), each
     ledger verified intact."""
@@ -229,8 +240,9 @@ async def test_failover_under_load_loses_duplicates_and_refuses_nothing(
     assert ledger_transactions(stack) - txs_before == APPLICATIONS, "a failover lost or doubled a transaction"
     exits = sorted((group, index) for group, index, _ in stack.exits)
     assert exits == sorted(stack.killed), f"unexpected worker exits {stack.exits}\n{stack.logs()}"
+    dropped = await replies_dropped(stack)
     print(
-        f"\nscale-out failover: {traffic.summary()}; leader={failover.leader} "
+        f"\nscale-out failover: {traffic.summary()}; replies_dropped={dropped:.0f}; leader={failover.leader} "
         f"new_leader_after_s={failover.new_leader_after_s} node_ready_after_s={failover.node_ready_after_s} "
         f"in_sync_after_s={failover.in_sync_after_s} "
         f"applied_after_s={applied_after_s:.1f} all_issued_after_s={all_issued_after_s:.1f}\n  "
