@@ -277,3 +277,10 @@ REPLIES_DROPPED = Counter(
     registry=REGISTRY,
 )
 __all__ += ["REPLIES_DROPPED"]
+HEAD_RESEEKS = Counter(
+    "avcc_consumer_head_reseeks_total",
+    "Partitions fetched again from an offset that was read but never acked while later ones were",
+    ["app", "topic"],
+    registry=REGISTRY,
+)
+__all__ += ["HEAD_RESEEKS"]
