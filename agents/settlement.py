@@ -22,9 +22,10 @@ from app.lifecycle.settlement.clearing import (
 )
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
-from app.platform.http.auth import require_hmac, signed_json
+from app.platform.http.auth import RequestRefused, authenticate, claim_nonce, signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
+from app.platform.http.routing import answer_from_peers, is_forwarded, rebalancing_answer, wait_settled
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import CHAIN_TX_CONFIRMED
@@ -96,9 +97,21 @@ class Instructions(faust.web.View):
 class InstructionStatus(faust.web.View):
     """``GET``: clearing status of an instruction (held by this worker's partitions)."""
 
-    @require_hmac("settlement")
     async def get(self, request: web.Request, instruction_id: str) -> web.Response:
+        """Answered the same by every replica: the instruction is stored in the partition of
+        its record, which the request does not name, so a replica that does not hold it asks
+        its peers; the nonce is claimed once, by the replica the client called."""
+        try:
+            signed = await authenticate(request, settings, scope="settlement", check_nonce=False)
+            forwarded = is_forwarded(request, settings)
+            if not forwarded:
+                await claim_nonce(signed, settings)
+        except RequestRefused as exc:
+            return exc.response()
+        if not await wait_settled(app):
+            return rebalancing_answer()
         record = clearing.get(instruction_id)
-        if record is None:
-            return json_error(404, f"instruction {instruction_id} not cleared yet or unknown")
-        return json_response(record.public())
+        if record is not None:
+            return json_response(record.public())
+        found = None if forwarded else await answer_from_peers(app, clearing.table, request, settings)
+        return found or json_error(404, f"instruction {instruction_id} not cleared yet or unknown")

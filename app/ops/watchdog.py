@@ -8,14 +8,17 @@ safe to replay, so the cure is a crash: the supervisor (the dev stack, Kubernete
 
 from __future__ import annotations
 
+import asyncio
+import io
 import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.ops.lag.snapshot import PartitionOffsets
 
-__all__ = ["StallWatchdog", "exit_stalled"]
+__all__ = ["StallWatchdog", "consumer_view", "exit_stalled", "task_stacks"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +52,80 @@ class StallWatchdog:
         return stalled
 
 
-def exit_stalled(group: str, stalled: list[tuple[str, int]], stall_s: float) -> None:
-    """Log why and exit at once (no graceful shutdown: the stuck consumer may hang it)."""
+def _await_chain(coro: Any, frames: int) -> list[str]:
+    """``file:line function`` of each coroutine ``coro`` awaits, outermost first."""
+    chain: list[str] = []
+    while coro is not None and len(chain) < frames:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return chain
+
+
+def task_stacks(frames: int = 12) -> str:
+    """Where every task of the running event loop waits, following each await down to the
+    innermost coroutine (empty outside a loop): what a stalled worker was stuck on."""
+    try:
+        tasks = asyncio.all_tasks()
+    except RuntimeError:
+        return ""
+    out = io.StringIO()
+    for task in tasks:
+        out.write(f"task {task.get_name()}:\n")
+        for line in _await_chain(task.get_coro(), frames):
+            out.write(f"  {line}\n")
+    return out.getvalue()
+
+
+def consumer_view(consumer: Any, stalled: Iterable[tuple[str, int]]) -> str:
+    """faust's bookkeeping of the stalled partitions: committed and last read offsets, acked
+    offsets waiting for the head, and whether the partition is assigned and not paused."""
+    parts: list[str] = []
+    try:
+        assigned = {(tp.topic, tp.partition): tp for tp in consumer.assignment()}
+        paused = {(tp.topic, tp.partition) for tp in consumer._paused_partitions}
+        for key in stalled:
+            tp = assigned.get(key)
+            if tp is None:
+                parts.append(f"{key[0]}[{key[1]}] not assigned here")
+                continue
+            acked = sorted(consumer._acked.get(tp, ()))
+            parts.append(
+                f"{key[0]}[{key[1]}] faust committed={consumer._committed_offset.get(tp)} "
+                f"read={consumer._read_offset.get(tp)} acked={acked[:3]}..({len(acked)}) "
+                f"paused={key in paused}"
+            )
+    except Exception as exc:
+        parts.append(f"consumer state unavailable: {exc!r}")
+    return "; ".join(parts)
+
+
+def exit_stalled(
+    group: str,
+    stalled: list[tuple[str, int]],
+    stall_s: float,
+    offsets: Iterable[PartitionOffsets] = (),
+    consumer: str = "",
+) -> None:
+    """Log why (the stalled partitions' offsets, the ``consumer``'s own view of them, every
+    task's awaits) and exit at once (no graceful shutdown: the stuck consumer may hang it)."""
+    wanted = set(stalled)
+    rows = "; ".join(
+        f"{r.topic}[{r.partition}] committed={r.committed} lag={r.lag}"
+        for r in offsets
+        if (r.topic, r.partition) in wanted
+    )
     log.critical(
         "consumer of group %s made no progress for %.0f s on %s while they have lag; exiting with "
-        "status %d so the supervisor restarts this worker",
+        "status %d so the supervisor restarts this worker (%s) %s\n%s",
         group,
         stall_s,
         ", ".join(f"{t}[{p}]" for t, p in stalled),
         STALL_EXIT_CODE,
+        rows,
+        consumer,
+        task_stacks(),
     )
     logging.shutdown()
     os._exit(STALL_EXIT_CODE)

@@ -267,3 +267,20 @@ OPERATOR_LOGIN_FAILURES = Counter(
     registry=REGISTRY,
 )
 __all__ += ["OPERATOR_LOGIN_FAILURES"]
+
+# --- faust replies (app/platform/faust/app.py) -----------------------------------------------------
+REPLIES_DROPPED = Counter(
+    "avcc_replies_dropped_total",
+    "Agent replies dropped instead of crashing the reply consumer: nobody_waiting (a duplicate, or "
+    "late after the asker gave up) or already_answered (a duplicate racing the first delivery)",
+    ["app", "reason"],
+    registry=REGISTRY,
+)
+__all__ += ["REPLIES_DROPPED"]
+HEAD_RESEEKS = Counter(
+    "avcc_consumer_head_reseeks_total",
+    "Partitions fetched again from an offset that was read but never acked while later ones were",
+    ["app", "topic"],
+    registry=REGISTRY,
+)
+__all__ += ["HEAD_RESEEKS"]

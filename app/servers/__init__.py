@@ -10,6 +10,7 @@ from app.servers.kafka import (
     find_java,
     kafka_libs_ready,
 )
+from app.servers.kafka_cluster import KafkaCluster, KafkaClusterNode
 from app.servers.process import (
     LOOPBACK,
     ManagedProcess,
@@ -25,6 +26,8 @@ __all__ = [
     "KAFKA_VERSION",
     "LOOPBACK",
     "ClickHouseServer",
+    "KafkaCluster",
+    "KafkaClusterNode",
     "KafkaKRaftBroker",
     "ManagedProcess",
     "ManagedServer",

@@ -28,6 +28,7 @@ __all__ = [
     "ensure_kafka_libs",
     "find_java",
     "kafka_libs_ready",
+    "new_cluster_id",
 ]
 
 KAFKA_VERSION = "3.9.1"
@@ -119,7 +120,8 @@ def find_java() -> str:
     return java
 
 
-def _random_cluster_id() -> str:
+def new_cluster_id() -> str:
+    """A fresh KRaft cluster id (what ``kafka-storage random-uuid`` prints)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
@@ -246,13 +248,13 @@ class KafkaKRaftBroker(ManagedServer):
                 if line.startswith("cluster.id="):
                     self.cluster_id = line.partition("=")[2].strip()
             return
-        self.cluster_id = _random_cluster_id()
+        self.cluster_id = self.cluster_id or new_cluster_id()
         cmd = [
             *java,
             "kafka.tools.StorageTool",
             "format",
-            "--cluster-id",
-            self.cluster_id,
+            # one argument: an id may start with "-" (urlsafe base64), which argparse takes for an option
+            f"--cluster-id={self.cluster_id}",
             "--config",
             str(self.config_path),
             "--ignore-formatted",

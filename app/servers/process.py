@@ -411,8 +411,9 @@ class ManagedServer(ABC):
         """Seconds the last start took until the readiness probe succeeded."""
         return self._process.ready_after if self._process is not None else None
 
-    def start(self) -> None:
-        """Start the server (no-op if running) and block until it is ready."""
+    def start(self, *, wait: bool = True) -> None:
+        """Start the server (no-op if running) and, by default, block until it is ready
+        (``wait=False``: servers that only become ready together, like a KRaft quorum)."""
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -429,7 +430,17 @@ class ManagedServer(ABC):
             die_with_parent=self.die_with_parent,
             diagnostic_logs=self._diagnostic_logs(),
         )
-        self._process.start()
+        self._process.start(wait=wait)
+
+    def wait_ready(self, timeout: float | None = None) -> float:
+        """Block until the started server is ready; seconds since its start."""
+        if self._process is None:
+            raise ServerStartError(f"{self.name}: not started")
+        try:
+            return self._process.wait_ready(timeout)
+        except BaseException:
+            self._process.kill()
+            raise
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM, then SIGKILL after the stop timeout); data is kept."""

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -18,8 +18,8 @@ from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
 from app.servers import (
     ClickHouseServer,
+    KafkaCluster,
     KafkaKRaftBroker,
-    ManagedServer,
     ServerNotInstalled,
     ServerStartError,
     TansuBroker,
@@ -30,10 +30,22 @@ from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-S = TypeVar("S", bound=ManagedServer)
+
+class _Server(Protocol):
+    """What the fixtures start, revive and stop: a server or a cluster of them."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
 
 # Servers started in this session, so tests that kill or stop one get it revived afterwards.
-_started: dict[str, ManagedServer] = {}
+_started: dict[str, _Server] = {}
 
 
 def _in_ci() -> bool:
@@ -55,7 +67,7 @@ def _launch(name: str, factory: Callable[[], S]) -> S:
     return server
 
 
-def _shutdown(name: str, server: ManagedServer) -> None:
+def _shutdown(name: str, server: _Server) -> None:
     _started.pop(name, None)
     server.stop()
 
@@ -198,6 +210,17 @@ def module_tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBrok
     broker = _launch(f"tansu ({root.name})", lambda: TansuBroker(root, die_with_parent=True))
     yield broker
     _shutdown(f"tansu ({root.name})", broker)
+
+
+@pytest.fixture(scope="module")
+def module_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A 3-node Apache Kafka KRaft cluster (RF 3, min.insync.replicas 2) of the requesting module
+    alone; a node a test kills is restarted, data kept, after that test."""
+    root = tmp_path_factory.mktemp("kafka-cluster")
+    name = f"kafka cluster ({root.name})"
+    cluster = _launch(name, lambda: KafkaCluster(root, ensure_kafka_libs(REPO_ROOT), die_with_parent=True))
+    yield cluster
+    _shutdown(name, cluster)
 
 
 @pytest.fixture

@@ -26,9 +26,11 @@ __all__ = [
     "API_KEY",
     "API_SECRET",
     "CORE_GROUPS",
+    "EXPECTED_EVENTS",
     "Stack",
     "application",
     "create_topic",
+    "issued_exactly_once",
     "record_when",
     "wait_for",
 ]
@@ -49,6 +51,9 @@ class Stack:
         self.workers: dict[tuple[str, int], ManagedProcess] = {}
         self.ports: dict[tuple[str, int], int] = {}
         self.stopped: set[tuple[str, int]] = set()
+        #: Workers SIGKILLed on purpose by :meth:`kill`, and every exit the supervisor restarted.
+        self.killed: list[tuple[str, int]] = []
+        self.exits: list[tuple[str, int, int]] = []
         self._supervising = threading.Event()
         base = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
         self.env: dict[str, str] = {
@@ -71,7 +76,8 @@ class Stack:
         """The (created on first use) worker process ``index`` of ``group``."""
         key = (group, index)
         if key not in self.workers:
-            port = free_port()
+            # every replica of a group listens on the same port, each on its own address (pods)
+            port = next((p for (g, _), p in self.ports.items() if g == group), None) or free_port()
             host = self.host(index)
             data = self.root / f"{group}-{index}"
             env = {**self.env, "AVCC_DATA_DIR": str(data), "AVCC_WEB_HOST": host}
@@ -90,13 +96,24 @@ class Stack:
             )
         return self.workers[key]
 
-    def start(self, *groups: str, index: int = 0) -> None:
-        """Start workers and wait until each reports ``/ready``."""
-        for group in groups:
-            self.stopped.discard((group, index))
-            self.worker(group, index).start(wait=False)
-        for group in groups:
-            self.worker(group, index).wait_ready()
+    def start(self, *groups: str, index: int = 0, replicas: int = 1) -> None:
+        """Start workers ``index`` .. ``index + replicas - 1`` of each group together and wait
+        until each reports ``/ready``."""
+        keys = [(group, i) for group in groups for i in range(index, index + replicas)]
+        for group, i in keys:
+            self.stopped.discard((group, i))
+            self.worker(group, i).start(wait=False)
+        for group, i in keys:
+            self.worker(group, i).wait_ready()
+
+    def replicas(self, group: str) -> list[int]:
+        """Indexes of the workers of ``group`` created so far."""
+        return sorted(i for g, i in self.workers if g == group)
+
+    def kill(self, group: str, index: int = 0) -> None:
+        """SIGKILL a worker on purpose; the supervisor restarts it, as Kubernetes would a pod."""
+        self.killed.append((group, index))
+        self.worker(group, index).kill()
 
     def wait_all_ready(self, timeout: float = 150.0) -> None:
         """Wait until every running worker answers ``/ready`` (after another test restarted the
@@ -136,7 +153,9 @@ class Stack:
         def loop() -> None:
             while self._supervising.is_set():
                 for key, process in list(self.workers.items()):
-                    if key not in self.stopped and process.returncode is not None:
+                    code = process.returncode
+                    if key not in self.stopped and code is not None:
+                        self.exits.append((*key, code))
                         process.start(wait=False)
                 time.sleep(1.0)
 
@@ -225,6 +244,23 @@ async def record_when(stack: Stack, record_id: int, done: Any, wait_s: float = 6
             return dict(last)
         await asyncio.sleep(0.2)
     raise AssertionError(f"record {record_id} never reached the state; last={last}\n{stack.logs()}")
+
+
+#: Each lifecycle event applied exactly once (their arrival order may vary: a chain receipt can
+#: overtake the review result, which reaches the code group through its repartition topic).
+EXPECTED_EVENTS = ["apply.created", "chain.tx.confirmed", "review.task.finished"]
+
+
+async def issued_exactly_once(stack: Stack, record_ids: list[int]) -> list[dict[str, Any]]:
+    """Every record issued once: each lifecycle event applied once, one distinct code each."""
+    records = [await record_when(stack, r, lambda x: x.get("avcc_code"), wait_s=120) for r in record_ids]
+    for record in records:
+        events = sorted(h["event"] for h in record["history"])
+        assert events == EXPECTED_EVENTS, f"record {record['avcc_record_id']} history {record['history']}"
+        assert record["status"] == "issued" and record["decision"] == "approved"
+        assert record["history"][-1]["status"] == "issued"
+    assert len({r["avcc_code"] for r in records}) == len(records)
+    return records
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:

@@ -17,11 +17,7 @@ from app.platform.faust.app import consumer_group_id
 from app.platform.kafka.clients import admin_client
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED
-from tests.integration.stack import Stack, application, record_when
-
-#: Each lifecycle event applied exactly once (their arrival order may vary: a chain receipt can
-#: overtake the review result, which reaches the code group through its repartition topic).
-EXPECTED_EVENTS = ["apply.created", "chain.tx.confirmed", "review.task.finished"]
+from tests.integration.stack import Stack, application, issued_exactly_once
 
 
 async def submit(stack: Stack, body: dict[str, Any], deadline_s: float = 90.0) -> int:
@@ -40,17 +36,6 @@ async def submit(stack: Stack, body: dict[str, Any], deadline_s: float = 90.0) -
             last = (status, answer)
         await asyncio.sleep(0.5)
     raise AssertionError(f"application {body['request_id']} never accepted: {last}")
-
-
-async def issued_exactly_once(stack: Stack, record_ids: list[int]) -> list[dict[str, Any]]:
-    records = [await record_when(stack, r, lambda x: x.get("avcc_code"), wait_s=120) for r in record_ids]
-    for record in records:
-        events = sorted(h["event"] for h in record["history"])
-        assert events == EXPECTED_EVENTS, f"record {record['avcc_record_id']} history {record['history']}"
-        assert record["status"] == "issued" and record["decision"] == "approved"
-        assert record["history"][-1]["status"] == "issued"
-    assert len({r["avcc_code"] for r in records}) == len(records)
-    return records
 
 
 def committed_lag(bootstrap: str, group: str, topic: str) -> int | None:

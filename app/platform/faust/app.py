@@ -19,6 +19,7 @@ from app.platform.groups import group_spec
 from app.platform.http.counting import count_requests
 from app.platform.http.headers import security_headers
 from app.platform.http.operators import OperatorGuard, operator_login
+from app.platform.metrics import REPLIES_DROPPED
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import reply_topic
 
@@ -99,12 +100,19 @@ class _ReplyConsumer(ReplyConsumer):
     ``ReplyPromise.fulfill`` then raises ``InvalidStateError`` on the finished future, which
     stops the reply consumer and crashes the worker. A reply is delivered to each waiting
     promise once; its correlation id is then forgotten, so a duplicate finds nobody waiting.
+    Each dropped reply is counted in ``avcc_replies_dropped_total``.
     """
 
     async def _drain_replies(self, channel: Any) -> None:
+        app_id = str(self.app.conf.id)
         async for reply in channel.stream():
-            for promise in list(self._waiting.pop(reply.correlation_id, ())):
-                if not promise.done():
+            promises = list(self._waiting.pop(reply.correlation_id, ()))
+            if not promises:
+                REPLIES_DROPPED.labels(app_id, "nobody_waiting").inc()
+            for promise in promises:
+                if promise.done():
+                    REPLIES_DROPPED.labels(app_id, "already_answered").inc()
+                else:
                     promise.fulfill(reply.correlation_id, maybe_model(reply.value))
 
     def _reply_topic(self, topic: str) -> Any:

@@ -13,6 +13,12 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
 * **Commit with a gap at the head**: faust commits when the lowest acked offset is at most one
   past the committed offset (``min(acked) - committed > 1``), i.e. it tolerates one unacked
   message at the head. Here a commit needs the head itself to be acked.
+* **A head that is never acked**: a message can be read and then never reach its stream (seen
+  after a broker failover with replicas: ``committed=11 read=38 acked=[12..38]``); nothing fetches
+  it again until the next rebalance, so the partition's commits stop for good and the stall
+  watchdog restarts the worker after minutes. When the head has stayed unacked for
+  :data:`HEAD_RESEEK_S` while later offsets were acked, the partition is fetched again from the
+  head (every effect of the pipeline is safe to replay: duplicates are dropped by event id).
 * **Stale read offsets**: faust drops fetched messages below the last offset it read from a
   partition, and keeps that offset across rebalances for partitions that have no committed
   offset yet. A partition that comes back after another generation read (but did not process)
@@ -23,16 +29,23 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from typing import Any
 
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.tuples import ack_lock
 from faust.utils.functional import consecutive_numbers
+from mode.utils.objects import cached_property
+
+from app.platform.metrics import HEAD_RESEEKS
 
 __all__ = [
     "EARLY_ANSWER_FETCH_MAX_WAIT_MS",
     "FETCH_MAX_WAIT_MS",
+    "HEAD_RESEEK_S",
     "SCHEME",
     "Transport",
     "fetch_max_wait_ms",
@@ -44,8 +57,18 @@ __all__ = [
 FETCH_MAX_WAIT_MS = 50
 #: Fetch wait on brokers that answer as soon as data arrives (Apache Kafka).
 EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
+#: How long a partition's head may stay unacked while later offsets are acked before the
+#: partition is fetched again from the head (a message read but lost on its way to the stream).
+HEAD_RESEEK_S = 10.0
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> float:
+    return time.monotonic()
+
 
 #: Fetch wait per faust App id, chosen by :func:`app.platform.faust.app.get_app` for its broker.
 _FETCH_WAIT_MS: dict[str, int] = {}
@@ -87,6 +110,39 @@ class _Consumer(faust_aiokafka.Consumer):
             return False  # ... but its offset is not committable: it is fetched again
         return bool(super().ack(message))
 
+    @cached_property
+    def _head_missing_since(self) -> dict[Any, tuple[int, float]]:
+        """Per partition: the unacked head offset and since when later offsets were acked."""
+        return {}
+
+    @cached_property
+    def _head_seeks(self) -> set[asyncio.Future[None]]:
+        """Seeks in flight (kept referenced until done)."""
+        return set()
+
+    def _head_missing(self, tp: Any, head: int) -> None:
+        """Fetch ``tp`` again from ``head`` once it stayed unacked for :data:`HEAD_RESEEK_S`."""
+        now = _now()
+        offset, since = self._head_missing_since.setdefault(tp, (head, now))
+        if offset != head:
+            self._head_missing_since[tp] = (head, now)
+        elif now - since >= HEAD_RESEEK_S:
+            self._head_missing_since[tp] = (head, now)  # at most one seek per period
+            log.warning(
+                "%s[%d]: offset %d never acked while later ones were: fetching again from it",
+                tp.topic,
+                tp.partition,
+                head,
+            )
+            HEAD_RESEEKS.labels(str(self.app.conf.id), tp.topic).inc()
+            task = asyncio.ensure_future(self._seek_head(tp, head))
+            self._head_seeks.add(task)
+            task.add_done_callback(self._head_seeks.discard)
+
+    async def _seek_head(self, tp: Any, head: int) -> None:
+        if tp in self.assignment():
+            await self.seek(tp, head)
+
     def _new_offset(self, tp: Any) -> int | None:
         """The offset to commit: one past the acked run that starts at the committed offset."""
         acked: list[int] = self._acked[tp]
@@ -101,7 +157,9 @@ class _Consumer(faust_aiokafka.Consumer):
         acked.sort()
         committed = self._committed_offset[tp]
         if committed is not None and acked[0] > committed:
+            self._head_missing(tp, committed)
             return None  # the next message to commit has not been acked yet
+        self._head_missing_since.pop(tp, None)
         batch = next(consecutive_numbers(acked))
         acked[: len(batch)] = []
         self._acked_index[tp].difference_update(batch)

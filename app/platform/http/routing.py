@@ -10,8 +10,11 @@ to two replicas meets its first claim in the shared nonce store whichever replic
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +29,31 @@ from app.platform.settings import Settings
 
 __all__ = [
     "FORWARD_HEADER",
+    "FORWARD_TIMEOUT_S",
+    "SETTLE_WAIT_S",
     "RecordRequest",
     "answer_at_owner",
+    "answer_from_peers",
     "forward_to",
     "forward_token",
     "is_forwarded",
     "is_local",
     "owner_url",
+    "partitions_settled",
+    "rebalancing_answer",
     "record_request",
+    "table_peers",
+    "wait_settled",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Set by a worker that forwards a request to the owner of a table partition.
 FORWARD_HEADER = "X-AVCC-Forwarded"
+#: Longest wait for a forwarded request's answer.
+FORWARD_TIMEOUT_S = 15.0
+#: Longest wait of a request for this worker's partitions to settle before it answers 503.
+SETTLE_WAIT_S = 5.0
 
 
 def forward_token(settings: Settings, signature: str) -> str:
@@ -54,19 +70,54 @@ def is_forwarded(request: web.Request, settings: Settings) -> bool:
 
 
 async def forward_to(base_url: str, request: web.Request, body: bytes, settings: Settings) -> web.Response:
-    """Send ``request`` (with its body) to the worker at ``base_url`` and relay the answer."""
+    """Send ``request`` (with its body) to the worker at ``base_url`` and relay the answer
+    (``Retry-After`` included); a 503 with ``Retry-After`` when that worker cannot be reached
+    (killed, restarting: the assignment still names it until the group rebalances)."""
     headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length"}}
     headers[FORWARD_HEADER] = forward_token(settings, request.headers.get(HEADER_SIGNATURE, ""))
     url = base_url.rstrip("/") + request.path_qs
-    timeout = aiohttp.ClientTimeout(total=15)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
-        session.request(request.method, url, data=body, headers=headers) as response,
-    ):
-        payload = await response.read()
-        return web.Response(
-            body=payload, status=response.status, content_type=response.content_type or "application/json"
+    timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(request.method, url, data=body, headers=headers) as response,
+        ):
+            payload = await response.read()
+            retry_after = response.headers.get("Retry-After")
+            relayed = {"Retry-After": retry_after} if retry_after else {}
+            return web.Response(
+                body=payload,
+                status=response.status,
+                content_type=response.content_type or "application/json",
+                headers=relayed,
+            )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.info("owner %s unreachable (%s): answering 503", base_url, type(exc).__name__)
+        return json_error(
+            503, "partition owner unreachable (failover); retry", reason="owner_unreachable", retry_after_s=1
         )
+
+
+def partitions_settled(app: Any) -> bool:
+    """Whether no rebalance is in progress and this worker's table partitions are recovered: a
+    key missing from a table then really is missing (not yet restored would be a wrong 404)."""
+    return not app.rebalancing and bool(app.tables.actives_ready)
+
+
+async def wait_settled(app: Any, wait_s: float | None = None) -> bool:
+    """Wait (at most ``wait_s``, default :data:`SETTLE_WAIT_S`) until :func:`partitions_settled`;
+    whether it is."""
+    deadline = time.monotonic() + (SETTLE_WAIT_S if wait_s is None else wait_s)
+    while not partitions_settled(app):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+def rebalancing_answer(what: str = "partitions are being assigned or recovered") -> web.Response:
+    """The 503 (``Retry-After: 1``) of a request that arrived while ownership is unsettled."""
+    return json_error(503, f"{what} (rebalancing); retry", reason="rebalancing", retry_after_s=1)
 
 
 def owner_url(app: Any, table: Any, key: bytes) -> str | None:
@@ -83,6 +134,42 @@ def owner_url(app: Any, table: Any, key: bytes) -> str | None:
     return None
 
 
+def table_peers(app: Any, table: Any) -> list[str] | None:
+    """Base URLs of the other workers holding partitions of ``table``; ``None`` while some
+    partition has no owner (a rebalance)."""
+    topic = table.changelog_topic.get_topic_name()
+    held: set[int] = set()
+    peers: list[str] = []
+    for url, topics in app.router.table_metadata(table.name).items():
+        partitions = topics.get(topic, ())
+        held.update(partitions)
+        base = str(url).rstrip("/")
+        if partitions and not is_local(app, base):
+            peers.append(base)
+    return peers if len(held) >= int(table.partitions) else None
+
+
+async def answer_from_peers(
+    app: Any, table: Any, request: web.Request, settings: Settings
+) -> web.Response | None:
+    """Ask every other worker holding ``table`` for a key this worker does not hold, when the
+    key's partition cannot be derived from the request (a settlement instruction lives in the
+    partition of its record). The first 200; a 503 when some peer could not answer (so "not
+    found" is never claimed with part of the table unheard); ``None`` when no peer has it."""
+    peers = table_peers(app, table)
+    if peers is None:
+        return rebalancing_answer("partition owner unknown")
+    body = await request.read()
+    unanswered: web.Response | None = None
+    for peer in peers:
+        answer = await forward_to(peer, request, body, settings)
+        if answer.status == 200:
+            return answer
+        if answer.status != 404:
+            unanswered = answer
+    return unanswered
+
+
 def is_local(app: Any, url: str) -> bool:
     """Whether ``url`` is this worker."""
     return url == str(app.conf.canonical_url).rstrip("/")
@@ -92,14 +179,18 @@ async def answer_at_owner(
     app: Any, table: Any, signed: RecordRequest, request: web.Request, settings: Settings
 ) -> web.Response | None:
     """The answer to send: the owner's when another worker owns the record's partition of
-    ``table``, a refusal when the nonce was used; ``None`` when this worker must answer (the
-    nonce is then claimed)."""
-    if not signed.forwarded:
-        owner = owner_url(app, table, signed.key)
-        if owner is None:
-            return json_error(503, "partition owner unknown (rebalancing); retry", retry_after_s=1)
-        if not is_local(app, owner):
-            return await forward_to(owner, request, signed.body, settings)
+    ``table``, a refusal when the nonce was used, a 503 with ``Retry-After`` while ownership is
+    unsettled (after a bounded wait: a rebalance, a recovery, an unreachable or moved owner);
+    ``None`` when this worker must answer (the nonce is then claimed)."""
+    if not await wait_settled(app):
+        return rebalancing_answer()
+    owner = owner_url(app, table, signed.key)
+    if owner is None:
+        return rebalancing_answer("partition owner unknown")
+    if not is_local(app, owner):
+        if signed.forwarded:  # the sender's assignment is older than ours: never forward twice
+            return rebalancing_answer("partition owner moved")
+        return await forward_to(owner, request, signed.body, settings)
     try:
         await claim_nonce(signed.signed, settings)
     except RequestRefused as exc:

@@ -32,7 +32,7 @@ from prometheus_client import generate_latest
 from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import StallWatchdog, exit_stalled
+from app.ops.watchdog import StallWatchdog, consumer_view, exit_stalled
 from app.platform.faust.app import consumer_group_id
 from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
@@ -238,10 +238,10 @@ class WorkerLagExporter:
 
 
 def _exporter_service(
-    exporter: WorkerLagExporter, interval_s: float, watchdog: StallWatchdog | None = None
+    exporter: WorkerLagExporter, interval_s: float, watchdog: StallWatchdog | None = None, app: Any = None
 ) -> type[Any]:
     """A mode Service class (``app.service`` instantiates it) running ``exporter`` periodically,
-    and the stall ``watchdog`` on its readings."""
+    and the stall ``watchdog`` on its readings (logging ``app``'s consumer view on a stall)."""
 
     class WorkerLagExportService(Service):
         """Exports this worker's consumer lag every ``interval_s`` seconds."""
@@ -253,7 +253,8 @@ def _exporter_service(
                 if watchdog is not None and rows:
                     stalled = watchdog.observe(rows, time.monotonic())
                     if stalled:
-                        exit_stalled(exporter.group_id, stalled, watchdog.stall_s)
+                        view = consumer_view(app.consumer, stalled) if app is not None else ""
+                        exit_stalled(exporter.group_id, stalled, watchdog.stall_s, rows, view)
                 await self.sleep(interval_s)
 
         async def on_stop(self) -> None:
@@ -346,5 +347,5 @@ def install_common_views(
         # retry) pause on purpose (e.g. during a ClickHouse outage) and handle their clients
         stall_s = get_settings().worker_stall_s
         watchdog = StallWatchdog(stall_s) if assignment is None and stall_s > 0 else None
-        app.service(_exporter_service(exporter, config.export_interval_s, watchdog))
+        app.service(_exporter_service(exporter, config.export_interval_s, watchdog, app))
     return state

@@ -8,9 +8,23 @@ from typing import Any
 from schemas.apply import ApplyCreated
 from schemas.envelope import Envelope, make_envelope
 
-__all__ = ["GOOD_HASH", "application_fields", "applied"]
+__all__ = ["GOOD_HASH", "SETTLEMENT_INSTRUCTION", "application_fields", "applied"]
 
 GOOD_HASH = "sha256:" + hashlib.sha256(b"work").hexdigest()
+
+#: A valid settlement instruction (its splits add up to the total).
+SETTLEMENT_INSTRUCTION: dict[str, Any] = {
+    "instruction_id": "ins-202606-10042",
+    "avcc_code": "MA.156.1.1/abc",
+    "period_start": 1_780_000_000_000,
+    "period_end": 1_780_000_000_000 + 30 * 86_400_000,
+    "currency": "CNY",
+    "total_cny": "100.30",
+    "splits": [
+        {"party": "creator", "address": "0x" + "cd" * 20, "amount_cny": "70.10"},
+        {"party": "platform", "address": "0x" + "ab" * 20, "amount_cny": "30.20"},
+    ],
+}
 
 
 def application_fields(**changes: Any) -> dict[str, Any]:

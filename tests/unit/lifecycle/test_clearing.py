@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import orjson
 
@@ -19,19 +18,7 @@ from app.lifecycle.settlement.clearing import (
 from app.platform.topics import CHAIN_TX_PENDING
 from schemas.chain import ChainTxConfirmed, ChainTxPending
 from schemas.envelope import Envelope, make_envelope
-
-INSTRUCTION: dict[str, Any] = {
-    "instruction_id": "ins-202606-10042",
-    "avcc_code": "MA.156.1.1/abc",
-    "period_start": 1_780_000_000_000,
-    "period_end": 1_780_000_000_000 + 30 * 86_400_000,
-    "currency": "CNY",
-    "total_cny": "100.30",
-    "splits": [
-        {"party": "creator", "address": "0x" + "cd" * 20, "amount_cny": "70.10"},
-        {"party": "platform", "address": "0x" + "ab" * 20, "amount_cny": "30.20"},
-    ],
-}
+from tests.unit.lifecycle.applications import SETTLEMENT_INSTRUCTION as INSTRUCTION
 
 
 def receipt(status: str = "success") -> Envelope[ChainTxConfirmed]:

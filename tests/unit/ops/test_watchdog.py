@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
+from faust.types import TP
+
 from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import StallWatchdog
+from app.ops.watchdog import StallWatchdog, consumer_view, task_stacks
 
 
 def row(partition: int, end: int, committed: int | None) -> PartitionOffsets:
@@ -54,3 +59,34 @@ def test_the_reply_topic_is_not_a_source_partition() -> None:
         assert exporter.assigned() == [("topic.avcc.apply.created", 1)]
     finally:
         del app._consumer
+
+
+async def test_task_stacks_name_where_each_task_waits() -> None:
+    async def stuck_on_a_delivery() -> None:
+        await asyncio.sleep(60)
+
+    task = asyncio.create_task(stuck_on_a_delivery())
+    await asyncio.sleep(0)
+    try:
+        assert "stuck_on_a_delivery" in task_stacks()
+    finally:
+        task.cancel()
+
+
+def test_no_stacks_outside_an_event_loop() -> None:
+    assert task_stacks() == ""
+
+
+def test_the_consumer_view_shows_faust_bookkeeping_of_a_stalled_partition() -> None:
+    tp = TP("topic.avcc.apply.created", 1)
+    consumer = SimpleNamespace(
+        assignment=lambda: {tp},
+        _paused_partitions=set(),
+        _acked={tp: [25, 24]},
+        _committed_offset={tp: 20},
+        _read_offset={tp: 33},
+    )
+    view = consumer_view(consumer, [("topic.avcc.apply.created", 1), ("topic.avcc.apply.created", 2)])
+    assert "[1] faust committed=20 read=33 acked=[24, 25]..(2) paused=False" in view
+    assert "[2] not assigned here" in view
+    assert "unavailable" in consumer_view(object(), [("t", 0)])

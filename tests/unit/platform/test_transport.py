@@ -3,12 +3,14 @@ back-to-back rebalances: 18 of 90 applications were never reviewed)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from faust.types import TP
 
+from app.platform.faust import transport
 from app.platform.faust.app import get_app
 from app.platform.faust.transport import _Consumer
 
@@ -90,3 +92,37 @@ async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consume
     consumer.seek_to_committed = no_committed_offsets
     await consumer.perform_seek()
     assert consumer._read_offset[tp] is None
+
+
+async def test_a_head_left_unacked_while_later_offsets_are_acked_is_fetched_again(
+    consumer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen after a broker failover: committed=11 read=38 acked=[12..38], the head never came."""
+    seeks: list[tuple[TP, int]] = []
+
+    async def seek(partition: TP, offset: int) -> None:
+        seeks.append((partition, offset))
+
+    clock = [1000.0]
+    monkeypatch.setattr(transport, "_now", lambda: clock[0])
+    monkeypatch.setattr(consumer, "seek", seek)
+    monkeypatch.setattr(consumer, "assignment", lambda: {tp})
+    consumer._head_missing_since.clear()
+    consumer._committed_offset[tp] = 11
+    for offset in range(12, 39):
+        consumer.ack(FakeMessage(offset=offset, generation_id=7))
+    assert consumer._new_offset(tp) is None
+    clock[0] += transport.HEAD_RESEEK_S - 1
+    assert consumer._new_offset(tp) is None
+    await asyncio.sleep(0)
+    assert seeks == []  # not yet: the head may still be on its way
+    clock[0] += 1
+    assert consumer._new_offset(tp) is None
+    await asyncio.sleep(0)
+    assert seeks == [(tp, 11)]
+    assert consumer._new_offset(tp) is None  # one seek per period
+    await asyncio.sleep(0)
+    assert seeks == [(tp, 11)]
+    consumer.ack(FakeMessage(offset=11, generation_id=7))  # fetched again and processed
+    assert consumer._new_offset(tp) == 39
+    assert tp not in consumer._head_missing_since

@@ -1,0 +1,127 @@
+"""Owner routing with replicas: a request that meets unsettled ownership (a rebalance, a table
+partition still being recovered, an owner that moved or cannot be reached) is answered 503 with
+``Retry-After`` after a bounded wait, never a wrong 404 and never forwarded twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer, make_mocked_request
+
+from app.platform.http import routing
+from app.platform.http.routing import (
+    RecordRequest,
+    answer_at_owner,
+    forward_to,
+    partitions_settled,
+    table_peers,
+    wait_settled,
+)
+from app.platform.kafka.partitioner import partition_for, record_key
+from app.platform.settings import Settings
+from app.servers import free_port
+
+SELF = "http://127.0.0.2:7000"
+PEER = "http://127.0.0.3:7000"
+
+
+def table(partitions: int = 6) -> Any:
+    return SimpleNamespace(
+        name="records", partitions=partitions, changelog_topic=SimpleNamespace(get_topic_name=lambda: "cl")
+    )
+
+
+def worker(owned: dict[str, set[int]], *, rebalancing: bool = False, actives_ready: bool = True) -> Any:
+    metadata = {url: {"cl": parts} for url, parts in owned.items()}
+    return SimpleNamespace(
+        rebalancing=rebalancing,
+        tables=SimpleNamespace(actives_ready=actives_ready),
+        conf=SimpleNamespace(canonical_url=SELF),
+        router=SimpleNamespace(table_metadata=lambda name: metadata),
+    )
+
+
+@pytest.fixture
+def short_wait() -> Iterator[None]:
+    saved = routing.SETTLE_WAIT_S
+    routing.SETTLE_WAIT_S = 0.2
+    yield
+    routing.SETTLE_WAIT_S = saved
+
+
+def request_about(record_id: int, *, forwarded: bool) -> RecordRequest:
+    signed: Any = SimpleNamespace(body=b"")
+    return RecordRequest(signed, record_id, record_key(record_id), forwarded)
+
+
+def test_partitions_are_settled_only_between_rebalances_once_recovered() -> None:
+    assert partitions_settled(worker({SELF: {0}}))
+    assert not partitions_settled(worker({SELF: {0}}, rebalancing=True))
+    assert not partitions_settled(worker({SELF: {0}}, actives_ready=False))
+
+
+async def test_a_request_waits_for_a_recovery_that_ends_within_the_bound() -> None:
+    app = worker({SELF: {0}}, actives_ready=False)
+
+    async def recover() -> None:
+        await asyncio.sleep(0.15)
+        app.tables.actives_ready = True
+
+    task = asyncio.create_task(recover())
+    assert await wait_settled(app, 2.0)
+    await task
+    assert not await wait_settled(worker({SELF: {0}}, rebalancing=True), 0.1)
+
+
+async def test_a_record_request_during_a_recovery_is_a_503_with_retry_after(short_wait: None) -> None:
+    app = worker({SELF: set(range(6))}, actives_ready=False)
+    request = make_mocked_request("GET", "/v1/avcc/records/7")
+    answer = await answer_at_owner(app, table(), request_about(7, forwarded=False), request, Settings())
+    assert answer is not None and answer.status == 503
+    assert answer.headers["Retry-After"] == "1"
+
+
+async def test_a_forwarded_request_that_meets_a_moved_owner_is_refused_not_forwarded_again() -> None:
+    moved = partition_for(record_key(7), 6)
+    app = worker({SELF: set(range(6)) - {moved}, PEER: {moved}})
+    request = make_mocked_request("GET", "/v1/avcc/records/7")
+    answer = await answer_at_owner(app, table(), request_about(7, forwarded=True), request, Settings())
+    assert answer is not None and answer.status == 503
+    assert answer.headers["Retry-After"] == "1"
+
+
+async def test_an_unassigned_partition_is_a_503() -> None:
+    app = worker({SELF: set()})
+    request = make_mocked_request("GET", "/v1/avcc/records/7")
+    answer = await answer_at_owner(app, table(), request_about(7, forwarded=False), request, Settings())
+    assert answer is not None and answer.status == 503
+
+
+async def test_an_unreachable_owner_is_a_503_with_retry_after() -> None:
+    request = make_mocked_request("GET", "/v1/avcc/records/7")
+    answer = await forward_to(f"http://127.0.0.1:{free_port()}", request, b"", Settings())
+    assert answer.status == 503
+    assert answer.headers["Retry-After"] == "1"
+
+
+async def test_the_owners_retry_after_is_relayed() -> None:
+    async def busy(_: web.Request) -> web.Response:
+        return web.json_response({"error": "rebalancing"}, status=503, headers={"Retry-After": "3"})
+
+    owner = web.Application()
+    owner.router.add_get("/v1/avcc/records/7", busy)
+    async with TestServer(owner, host="127.0.0.1") as server:
+        request = make_mocked_request("GET", "/v1/avcc/records/7")
+        answer = await forward_to(str(server.make_url("")), request, b"", Settings())
+    assert answer.status == 503
+    assert answer.headers["Retry-After"] == "3"
+
+
+def test_peers_are_the_other_holders_and_none_while_a_partition_has_no_owner() -> None:
+    assert table_peers(worker({SELF: {0, 1, 2}, PEER: {3, 4, 5}}), table()) == [PEER]
+    assert table_peers(worker({SELF: {0, 1, 2}, PEER: {3, 4}}), table()) is None
