@@ -59,7 +59,10 @@ FETCH_MAX_WAIT_MS = 50
 EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
 #: How long a partition's head may stay unacked while later offsets are acked before the
 #: partition is fetched again from the head (a message read but lost on its way to the stream).
-HEAD_RESEEK_S = 10.0
+#: Longer than a message legitimately stays in flight while later keys of its partition finish
+#: (the chain submitter acks keys out of order; an EVM transaction waits for its confirmations),
+#: shorter than the stall watchdog's restart (``AVCC_WORKER_STALL_S``, 120 s).
+HEAD_RESEEK_S = 30.0
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
 
