@@ -43,7 +43,12 @@ RUNS = (
 BUDGET_S = 240.0
 #: The ``/v1/`` routes each worker must document.
 V1_ROUTES = {
-    "code": {"/v1/avcc/applications", "/v1/avcc/records/{avcc_record_id}", "/v1/avcc/record-counts"},
+    "code": {
+        "/v1/avcc/applications",
+        "/v1/avcc/applications:batch",
+        "/v1/avcc/records/{avcc_record_id}",
+        "/v1/avcc/record-counts",
+    },
     "review": {"/v1/review/tasks", "/v1/review/tasks/{avcc_record_id}/decision"},
     "settlement": {"/v1/settlement/instructions", "/v1/settlement/instructions/{instruction_id}"},
     "gateway": {"/v1/playback/events"},

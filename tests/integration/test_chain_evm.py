@@ -151,7 +151,7 @@ async def _apply(stack: Stack, count: int) -> list[int]:
         answers = await asyncio.gather(
             *(
                 stack.call("code", "POST", "/v1/avcc/applications", application())
-                for _ in range(start, start + 20)
+                for _ in range(start, min(start + 20, count))
             )
         )
         assert all(status == 202 for status, _ in answers), answers
@@ -215,15 +215,17 @@ async def test_node_stopped_for_20s_during_submission_records_wait_then_complete
     before = registry.work_count()
     chain_log = evm_stack.worker("chain").log_path
     log_start = chain_log.stat().st_size
-    ids = await _apply(evm_stack, 20)
+    # Two waves: the first is being registered when the node stops; the second is approved
+    # while it is down, so its submissions can only fail and wait (however fast the first went).
+    ids = await _apply(evm_stack, 10)
     wait_for(lambda: registry.work_count() > before or None, timeout=120, interval=0.05)
     evm_chain.node.stop()
     stopped = time.monotonic()
-    await asyncio.sleep(20)
+    ids += await _apply(evm_stack, 10)
+    await asyncio.sleep(max(0.0, 20 - (time.monotonic() - stopped)))
     evm_chain.node.start()
     outage = time.monotonic() - stopped
-    registered_during = registry.work_count() - before
-    assert registered_during < 20, "the outage came after submission ended"
+    registered_during = registry.work_count() - before  # read after the restart: an upper bound
 
     records = [await record_when(evm_stack, rid, lambda r: r.get("avcc_code"), wait_s=180) for rid in ids]
     assert registry.work_count() - before == 20
@@ -235,7 +237,7 @@ async def test_node_stopped_for_20s_during_submission_records_wait_then_complete
         retried = log.read().count(b"unreachable")
     assert retried > 0, "the records never took the retry path"
     assert _dead_letters(evm_stack.bootstrap, set(ids)) == []
-    print(f"\nnode down {outage:.1f}s; {registered_during} of 20 registered before, all 20 after")
+    print(f"\nnode down {outage:.1f}s; {registered_during} of 20 registered by the restart, all 20 after")
     print(f"{retried} 'node unreachable' failures went through the retry path; 0 dead letters")
 
 

@@ -76,6 +76,9 @@ _ALREADY = frozenset({"RecordAlreadyRegistered", "SettlementAlreadyRecorded"})
 #: Gas limit head room over the estimate, and gas price increase of a replacement.
 _GAS_HEADROOM = 1.25
 _REPLACEMENT_BUMP = 1.25
+#: Gas price over the latest base fee: room for six full blocks in a row before a transaction is
+#: priced out (1.125 ** 6 ~ 2).
+_BASE_FEE_HEADROOM = 2
 #: Gas of a plain transfer: the no-op that fills a nonce gap.
 _TRANSFER_GAS = 21_000
 #: A transaction polled this many ``tx_timeout_s`` (plus ``_POLL_GRACE_S``) without being mined
@@ -258,6 +261,20 @@ class EvmBackend:
         except ContractLogicError as exc:
             raise self._reverted(exc) from exc
 
+    async def gas_price(self) -> int:
+        """The gas price to sign with: the node's, and on a chain with an EIP-1559 base fee at
+        least :data:`_BASE_FEE_HEADROOM` times the latest block's base fee.
+
+        A legacy transaction is mined only while its gas price covers the base fee, which grows
+        up to 12.5 % per full block: a burst of registrations fills blocks, and transactions
+        priced at the node's suggestion would wait in the pool until a replacement. Chains
+        without a base fee (most consortium chains) use the node's price as it is.
+        """
+        price = int(await self._w3.eth.gas_price)
+        block = await self._w3.eth.get_block("latest")
+        base_fee = block.get("baseFeePerGas")
+        return price if base_fee is None else max(price, _BASE_FEE_HEADROOM * int(base_fee))
+
     async def _sign(self, to: str, data: str, nonce: int, gas_price: int, gas: int) -> SentTx:
         """A legacy transaction to ``to`` with call ``data``, signed (not sent, not journaled)."""
         if self._chain_id is None:
@@ -293,8 +310,7 @@ class EvmBackend:
                 pending = await self._w3.eth.get_transaction_count(self.sender, "pending")
                 self._next_nonce = next_nonce(pending, (s.nonce for s in self._journal.in_flight().values()))
             nonce = self._next_nonce
-            gas_price = await self._w3.eth.gas_price
-            sent = await self._signed(call, nonce, gas_price, gas)
+            sent = await self._signed(call, nonce, await self.gas_price(), gas)
             self._journal.record_sent(key, sent)
             try:
                 await self._w3.eth.send_raw_transaction(HexStr(sent.raw))
@@ -369,7 +385,7 @@ class EvmBackend:
 
     async def _fill(self, nonce: int) -> None:
         """Send a no-op transfer to ourselves with ``nonce`` (no transaction of ours holds it)."""
-        filler = await self._sign(self.sender, "0x", nonce, await self._w3.eth.gas_price, _TRANSFER_GAS)
+        filler = await self._sign(self.sender, "0x", nonce, await self.gas_price(), _TRANSFER_GAS)
         log.warning("filling nonce gap %d with a no-op transfer %s", nonce, filler.hashes[0])
         await self._broadcast(filler.raw)
 
@@ -390,7 +406,7 @@ class EvmBackend:
     async def _replace(self, key: str, sent: SentTx) -> None:
         """Re-sign ``sent`` with the same nonce and a higher gas price, journal it, send it
         (the caller holds the nonce lock)."""
-        price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self._w3.eth.gas_price)
+        price = max(int(sent.gas_price * _REPLACEMENT_BUMP) + 1, await self.gas_price())
         version = await self._sign(sent.to, sent.data, sent.nonce, price, sent.gas)
         self._journal.record_sent(key, sent.replaced(version.hashes[0], version.raw, price, version.sent_ms))
         await self._broadcast(version.raw)
