@@ -65,32 +65,35 @@ async def test_sigkilled_workers_lose_and_duplicate_nothing(core_stack: Stack, s
     ledger = core_stack.data_dir("chain") / "ledger"
     txs_before = verify_ledger(ledger).transactions
     core_stack.start("review", index=1)
+    try:
+        bodies = [application(request_id=f"req_crash_{uuid.uuid4().hex[:10]}") for _ in range(90)]
+        record_ids: list[int] = []
+        for n, body in enumerate(bodies):
+            if n == 30:
+                core_stack.worker("review", 0).kill()
+            if n == 50:
+                core_stack.worker("chain").kill()
+                core_stack.worker("chain").start(wait=False)
+            if n == 70:
+                core_stack.worker("review", 0).start(wait=False)
+            record_ids.append(await submit(core_stack, body))
+        core_stack.worker("review", 0).wait_ready()
+        core_stack.worker("chain").wait_ready()
 
-    bodies = [application(request_id=f"req_crash_{uuid.uuid4().hex[:10]}") for _ in range(90)]
-    record_ids: list[int] = []
-    for n, body in enumerate(bodies):
-        if n == 30:
-            core_stack.worker("review", 0).kill()
-        if n == 50:
-            core_stack.worker("chain").kill()
-            core_stack.worker("chain").start(wait=False)
-        if n == 70:
-            core_stack.worker("review", 0).start(wait=False)
-        record_ids.append(await submit(core_stack, body))
-    core_stack.worker("review", 0).wait_ready()
-    core_stack.worker("chain").wait_ready()
-
-    await issued_exactly_once(core_stack, record_ids)
-    check = verify_ledger(ledger)
-    assert check.ok, check.error
-    assert check.transactions - txs_before == len(bodies), "a crash lost or duplicated a chain transaction"
-    group = consumer_group_id("review")
-    for _ in range(60):
-        if await asyncio.to_thread(committed_lag, core_stack.bootstrap, group, APPLY_CREATED.name) == 0:
-            break
-        await asyncio.sleep(1)
-    assert await asyncio.to_thread(committed_lag, core_stack.bootstrap, group, APPLY_CREATED.name) == 0
-    core_stack.stop("review", 1)
+        await issued_exactly_once(core_stack, record_ids)
+        check = verify_ledger(ledger)
+        assert check.ok, check.error
+        lost_or_doubled = "a crash lost or duplicated a chain transaction"
+        assert check.transactions - txs_before == len(bodies), lost_or_doubled
+        group = consumer_group_id("review")
+        for _ in range(60):
+            if await asyncio.to_thread(committed_lag, core_stack.bootstrap, group, APPLY_CREATED.name) == 0:
+                break
+            await asyncio.sleep(1)
+        assert await asyncio.to_thread(committed_lag, core_stack.bootstrap, group, APPLY_CREATED.name) == 0
+    finally:
+        # A failure must not leave a second review worker in the session stack for later tests.
+        core_stack.stop("review", 1)
 
 
 # Apache Kafka only: Tansu (the dev broker) keeps messages in memory, a restart loses them by design.
