@@ -210,7 +210,7 @@ class EvmBackend:
             if sent is None:
                 await self._check_content(tx, call)
                 sent = await self._send_new(key, call)
-            mined = await self._await_mined(key, sent, call) if sent is not None else None
+            mined = await self._await_mined(key, sent) if sent is not None else None
             if mined is not None and mined["status"] == 1:
                 found = (mined["transactionHash"].to_0x_hex(), int(mined["blockNumber"]))
             else:
@@ -325,7 +325,7 @@ class EvmBackend:
             log.debug("sent %s for %s (nonce %d)", sent.hashes[0], key, nonce)
             return sent
 
-    async def _await_mined(self, key: str, sent: SentTx, call: RegistryCall) -> Any:
+    async def _await_mined(self, key: str, sent: SentTx) -> Any:
         """The receipt of any version of ``sent``; ``None`` if its nonce went to another transaction.
 
         Rebroadcasts and replacements are the nonce keeper's; this re-reads the journal each
@@ -367,11 +367,12 @@ class EvmBackend:
 
     async def repair_nonces(self) -> None:
         """One pass: fill nonce gaps, rebroadcast what the node forgot, replace the overdue head."""
-        if not self._journal.in_flight():
-            return
         async with self._nonce_lock:
+            in_flight = self._journal.in_flight()
+            if not in_flight:
+                return
             mined = await self._w3.eth.get_transaction_count(self.sender, "latest")
-            plan = plan_repair(mined, self._journal.in_flight(), _now_ms(), int(self.tx_timeout_s * 1000))
+            plan = plan_repair(mined, in_flight, _now_ms(), int(self.tx_timeout_s * 1000))
             for nonce in plan.fill:
                 await self._fill(nonce)
             for key, sent in plan.waiting:
