@@ -21,6 +21,22 @@ __all__ = ["Drift", "PlanReport", "apply_plan", "describe_topics"]
 log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30.0
+#: Tries of one topic creation that fails on its way (see :func:`_create_topics`).
+_CREATE_ATTEMPTS = 4
+_CREATE_RETRY_S = 1.0
+#: Errors of a create request that did not reach (or hear back from) the controller; librdkafka
+#: does not flag them retriable. ``_DESTROY_BROKER``: seen creating the plan on a fresh 3-node
+#: cluster, as the client replaced its bootstrap connection by the brokers it learned.
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +103,64 @@ def _describe_when_visible(settings: Settings, names: list[str], wait_s: float =
         time.sleep(0.5)
 
 
+def _transient(error: KafkaError) -> bool:
+    """A create request that failed on its way, not on its merits: worth sending again."""
+    return bool(error.retriable()) or error.code() in _TRANSIENT_CODES
+
+
+def _create_topics(
+    admin: AdminClient, settings: Settings, specs: list[TopicSpec]
+) -> tuple[list[str], list[str]]:
+    """Create ``specs``; returns (created, already existing). A request lost on its way (a
+    connection the client dropped as it learned the cluster's brokers, a controller moving) is
+    sent again, up to :data:`_CREATE_ATTEMPTS` times; a topic it did create meanwhile then
+    answers "already exists" and is verified by the caller."""
+    created: list[str] = []
+    raced: list[str] = []
+    pending = list(specs)
+    for attempt in range(1, _CREATE_ATTEMPTS + 1):
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=settings.replication_factor,
+                    config=s.broker_config(),
+                )
+                for s in pending
+            ],
+            operation_timeout=_TIMEOUT_S,
+        )
+        by_name = {s.name: s for s in pending}
+        pending = []
+        failure: KafkaException | None = None
+        for name, future in futures.items():
+            try:
+                future.result(timeout=_TIMEOUT_S)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    raced.append(name)  # created meanwhile, or metadata lagged: verified later
+                elif _transient(error) and attempt < _CREATE_ATTEMPTS:
+                    pending.append(by_name[name])
+                    failure = exc
+                else:
+                    raise
+            else:
+                created.append(name)
+        if not pending:
+            break
+        log.warning(
+            "creating %d topic(s) failed on the way (%s); sending again (attempt %d of %d)",
+            len(pending),
+            failure.args[0].str() if failure else "?",
+            attempt + 1,
+            _CREATE_ATTEMPTS,
+        )
+        time.sleep(_CREATE_RETRY_S)
+    return created, raced
+
+
 def apply_plan(
     settings: Settings,
     plan: Iterable[TopicSpec] = TOPIC_PLAN,
@@ -107,28 +181,8 @@ def apply_plan(
 
     missing = [s for s in specs if s.name not in existing]
     if missing:
-        futures = admin.create_topics(
-            [
-                NewTopic(
-                    s.name,
-                    num_partitions=s.partitions,
-                    replication_factor=settings.replication_factor,
-                    config=s.broker_config(),
-                )
-                for s in missing
-            ],
-            operation_timeout=_TIMEOUT_S,
-        )
-        raced: list[str] = []
-        for name, future in futures.items():
-            try:
-                future.result(timeout=_TIMEOUT_S)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-                raced.append(name)  # created meanwhile, or metadata lagged: verify it below
-            else:
-                report.created.append(name)
+        created, raced = _create_topics(admin, settings, missing)
+        report.created.extend(created)
         if raced:
             existing.update(_describe_when_visible(settings, raced))
 
