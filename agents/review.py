@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import faust
+import orjson
 from aiohttp import web
 
 from app.api import DECIDE, TASKS
@@ -20,10 +21,17 @@ from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
-from app.platform.http.auth import require_hmac
+from app.platform.http.auth import RequestRefused, authenticate, claim_nonce
 from app.platform.http.openapi import route
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
-from app.platform.http.routing import answer_at_owner, record_request
+from app.platform.http.routing import (
+    answer_at_owner,
+    answers_of_every_peer,
+    is_forwarded,
+    rebalancing_answer,
+    record_request,
+    wait_settled,
+)
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import APPLY_CREATED, REVIEW_DECISIONS
@@ -79,14 +87,32 @@ async def review_tasks(stream: Any) -> None:
 
 @route(app, TASKS)
 class Tasks(faust.web.View):
-    """``GET ?status=need_human``: review tasks held by this worker."""
+    """``GET ?status=need_human``: the review tasks of every replica, oldest first."""
 
-    @require_hmac("review:decide")
     async def get(self, request: web.Request) -> web.Response:
+        """Answered the same by every replica: the tasks of this worker's partitions plus those
+        its peers hold (asked with the request forwarded); the nonce is claimed once, by the
+        replica the client called."""
+        try:
+            signed = await authenticate(request, settings, scope="review:decide", check_nonce=False)
+            forwarded = is_forwarded(request, settings)
+            if not forwarded:
+                await claim_nonce(signed, settings)
+        except RequestRefused as exc:
+            return exc.response()
+        if not await wait_settled(app):
+            return rebalancing_answer()
         wanted = request.query.get("status")
-        items = [t.public() for t in tasks.values() if wanted is None or t.status == wanted]
-        items.sort(key=lambda t: t["created_ms"])
-        return json_response({"tasks": items, "count": len(items)})
+        items = {t.avcc_record_id: t.public() for t in tasks.values() if wanted is None or t.status == wanted}
+        if not forwarded:
+            answers = await answers_of_every_peer(app, tasks.table, request, settings)
+            if isinstance(answers, web.Response):
+                return answers
+            for answer in answers:
+                for task in orjson.loads(answer)["tasks"]:
+                    items.setdefault(task["avcc_record_id"], task)
+        listing = sorted(items.values(), key=lambda t: (t["created_ms"], t["avcc_record_id"]))
+        return json_response({"tasks": listing, "count": len(listing)})
 
 
 @route(app, DECIDE)

@@ -157,7 +157,7 @@ RECORD_COUNTS = Operation(
 TASKS = Operation(
     "GET",
     "/v1/review/tasks",
-    "Review tasks held by the answering worker, oldest first.",
+    "Review tasks of every review replica (the answering worker asks its peers), oldest first.",
     (
         Reply(
             200,

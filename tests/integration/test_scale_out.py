@@ -285,6 +285,11 @@ async def test_every_replica_answers_record_decision_and_settlement_reads_alike(
     issued = await issued_exactly_once(stack, ids[:6])
     for record_id in ids[6:]:
         await record_when(stack, record_id, lambda r: r["status"] == "need_human")
+    # The review workbench's listing: the same from either replica, each holding half the tasks.
+    status, listing = await ask_every_replica(stack, "review", "GET", "/v1/review/tasks?status=need_human")
+    assert status == 200, listing
+    listed = [t["avcc_record_id"] for t in listing["tasks"]]
+    assert set(ids[6:]) <= set(listed) and len(listed) == len(set(listed)) == listing["count"], listing
 
     approve = {"decision": "approve", "final_level": "G", "reviewer": "rev-1", "reason": "checked provenance"}
     for n, rid in enumerate(ids[6:]):  # each decision through either replica reaches the owner

@@ -16,7 +16,7 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -34,6 +34,7 @@ __all__ = [
     "RecordRequest",
     "answer_at_owner",
     "answer_from_peers",
+    "answers_of_every_peer",
     "forward_to",
     "forward_token",
     "is_forwarded",
@@ -168,6 +169,24 @@ async def answer_from_peers(
         if answer.status != 404:
             unanswered = answer
     return unanswered
+
+
+async def answers_of_every_peer(
+    app: Any, table: Any, request: web.Request, settings: Settings
+) -> list[bytes] | web.Response:
+    """The 200 bodies of every other worker holding ``table``, asked at once, for a listing
+    that spans the whole table; the 503 to send instead while a partition has no owner or when
+    some peer did not answer (a listing with part of the table unheard is never served)."""
+    peers = table_peers(app, table)
+    if peers is None:
+        return rebalancing_answer("partition owner unknown")
+    body = await request.read()
+    answers = await asyncio.gather(*(forward_to(peer, request, body, settings) for peer in peers))
+    for answer in answers:
+        if answer.status != 200:
+            log.info("a peer answered %d to a listing: answering 503", answer.status)
+            return rebalancing_answer("a partition owner did not answer")
+    return [cast(bytes, answer.body) for answer in answers]  # forward_to answers with bytes
 
 
 def is_local(app: Any, url: str) -> bool:

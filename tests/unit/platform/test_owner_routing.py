@@ -17,6 +17,7 @@ from app.platform.http import routing
 from app.platform.http.routing import (
     RecordRequest,
     answer_at_owner,
+    answers_of_every_peer,
     forward_to,
     partitions_settled,
     table_peers,
@@ -125,3 +126,53 @@ async def test_the_owners_retry_after_is_relayed() -> None:
 def test_peers_are_the_other_holders_and_none_while_a_partition_has_no_owner() -> None:
     assert table_peers(worker({SELF: {0, 1, 2}, PEER: {3, 4, 5}}), table()) == [PEER]
     assert table_peers(worker({SELF: {0, 1, 2}, PEER: {3, 4}}), table()) is None
+
+
+async def _listing_peers(*answers: tuple[int, bytes]) -> Any:
+    """Peers serving ``GET /v1/review/tasks`` with the given (status, body) each, as servers."""
+    servers = []
+    for status, body in answers:
+
+        async def listing(_: web.Request, status: int = status, body: bytes = body) -> web.Response:
+            return web.Response(body=body, status=status, content_type="application/json")
+
+        peer = web.Application()
+        peer.router.add_get("/v1/review/tasks", listing)
+        servers.append(TestServer(peer, host="127.0.0.1"))
+    for server in servers:
+        await server.start_server()
+    return servers
+
+
+async def test_a_listing_gathers_the_answer_of_every_peer() -> None:
+    servers = await _listing_peers((200, b'{"tasks": [1]}'), (200, b'{"tasks": [2]}'))
+    try:
+        urls = [str(s.make_url("")).rstrip("/") for s in servers]
+        app = worker({SELF: {0, 1}, urls[0]: {2, 3}, urls[1]: {4, 5}})
+        request = make_mocked_request("GET", "/v1/review/tasks")
+        answers = await answers_of_every_peer(app, table(), request, Settings())
+    finally:
+        for server in servers:
+            await server.close()
+    assert sorted(answers) == [b'{"tasks": [1]}', b'{"tasks": [2]}']  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("status", [404, 500, 503])
+async def test_a_listing_with_a_peer_unheard_is_a_503(status: int) -> None:
+    servers = await _listing_peers((200, b'{"tasks": []}'), (status, b'{"error": "x"}'))
+    try:
+        urls = [str(s.make_url("")).rstrip("/") for s in servers]
+        app = worker({SELF: {0, 1}, urls[0]: {2, 3}, urls[1]: {4, 5}})
+        request = make_mocked_request("GET", "/v1/review/tasks")
+        answer = await answers_of_every_peer(app, table(), request, Settings())
+    finally:
+        for server in servers:
+            await server.close()
+    assert isinstance(answer, web.Response) and answer.status == 503
+    assert answer.headers["Retry-After"] == "1"
+
+
+async def test_a_listing_while_a_partition_has_no_owner_is_a_503() -> None:
+    request = make_mocked_request("GET", "/v1/review/tasks")
+    answer = await answers_of_every_peer(worker({SELF: {0, 1, 2}}), table(), request, Settings())
+    assert isinstance(answer, web.Response) and answer.status == 503
