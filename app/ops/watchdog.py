@@ -2,8 +2,12 @@
 
 Seen after an Apache Kafka restart: a faust worker's consumer lost its group session, found
 the coordinator again and then never rejoined or fetched; the event loop stayed idle and the
-worker looked healthy while its partitions' lag sat still. Every effect in this pipeline is
-safe to replay, so the cure is a crash: the supervisor (the dev stack, Kubernetes) restarts it.
+worker looked healthy while its partitions' lag sat still. Also seen: a table recovery that
+never received an event of the changelog partitions it waited for (faust logged "No event
+received for active tp" for minutes; a second rebalance had come 3 s after the first), so the
+worker never became ready again and its partitions had no consumer. Every effect in this
+pipeline is safe to replay, so the cure is a crash: the supervisor (the dev stack, Kubernetes)
+restarts it, and a fresh recovery reads the changelogs again.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from typing import Any
 
 from app.ops.lag.snapshot import PartitionOffsets
 
-__all__ = ["StallWatchdog", "consumer_view", "exit_stalled", "task_stacks"]
+__all__ = [
+    "RecoveryWatch",
+    "StallWatchdog",
+    "consumer_view",
+    "exit_recovery_stalled",
+    "exit_stalled",
+    "task_stacks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,25 @@ class StallWatchdog:
         for key in set(self._since) - seen:
             del self._since[key]
         return stalled
+
+
+@dataclass(slots=True)
+class RecoveryWatch:
+    """Tracks since when a table recovery has been waiting without reading anything."""
+
+    stall_s: float
+    _since: tuple[int, float] | None = None
+
+    def observe(self, remaining: int | None, now: float) -> bool:
+        """Record one reading: ``remaining`` changelog offsets still to read (``None``: no
+        recovery under way). Whether the recovery has read nothing for ``stall_s``."""
+        if not remaining:
+            self._since = None
+            return False
+        if self._since is None or self._since[0] != remaining:
+            self._since = (remaining, now)
+            return False
+        return now - self._since[1] >= self.stall_s
 
 
 def _await_chain(coro: Any, frames: int) -> list[str]:
@@ -125,6 +155,21 @@ def exit_stalled(
         STALL_EXIT_CODE,
         rows,
         consumer,
+        task_stacks(),
+    )
+    logging.shutdown()
+    os._exit(STALL_EXIT_CODE)
+
+
+def exit_recovery_stalled(group: str, remaining: int, stall_s: float) -> None:
+    """Log the stuck recovery (and every task's awaits) and exit at once, like :func:`exit_stalled`."""
+    log.critical(
+        "table recovery of group %s read nothing for %.0f s with %d changelog offsets still to "
+        "read; exiting with status %d so the supervisor restarts this worker\n%s",
+        group,
+        stall_s,
+        remaining,
+        STALL_EXIT_CODE,
         task_stacks(),
     )
     logging.shutdown()

@@ -148,7 +148,8 @@ class Settings(BaseSettings):
     worker_stall_s: float = Field(
         120.0,
         description="A faust worker whose assigned partitions keep lag while their committed "
-        "offsets do not move for this long exits (status 70) to be restarted; 0 disables.",
+        "offsets do not move, or whose table recovery reads nothing, for this long exits "
+        "(status 70) to be restarted; 0 disables.",
     )
     log_level: str = Field("INFO", description="Log level of workers.")
 

@@ -10,6 +10,14 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
   offset past messages the new generation has not processed yet, and a second rebalance then
   loses them (seen: 18 of 90 applications skipped around two rebalances). Such acks are dropped
   here: the messages are fetched again from the committed offset.
+* **Acks of skipped messages**: a stream that dequeues a message just as a rebalance suspends
+  flow control skips it -- and acks it "so the lag does not grow". That message was never
+  processed, yet its offset (of the current generation) became committable, and the revoke's
+  commit stored it: the message was lost (seen: a record posted during a rebalance stayed
+  ``submitted``; a record issued without its ``review.task.finished`` ever applied). A stream
+  tracks every message it hands to its agent before processing; an ack of a message of an
+  acking topic that no stream tracked is dropped here, so it is fetched again after the
+  rebalance (duplicates are dropped by event id).
 * **Commit with a gap at the head**: faust commits when the lowest acked offset is at most one
   past the committed offset (``min(acked) - committed > 1``), i.e. it tolerates one unacked
   message at the head. Here a commit needs the head itself to be acked.
@@ -109,9 +117,12 @@ class _Consumer(faust_aiokafka.Consumer):
         await super().perform_seek()
 
     def ack(self, message: Any) -> bool:
-        """Record the ack, unless the message belongs to a previous consumer generation."""
+        """Record the ack, unless the message belongs to a previous consumer generation or was
+        skipped by its stream (never tracked: never processed)."""
         generation = getattr(message, "generation_id", None)
-        if generation is not None and generation != self.app.consumer_generation_id:
+        stale = generation is not None and generation != self.app.consumer_generation_id
+        skipped = not getattr(message, "tracked", True) and message.topic in self.app.topics.acking_topics
+        if stale or skipped:
             with ack_lock:
                 message.acked = True  # done with it (not waited for at shutdown) ...
                 self._unacked_messages.discard(message)

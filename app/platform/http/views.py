@@ -32,7 +32,13 @@ from prometheus_client import generate_latest
 from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import StallWatchdog, consumer_view, exit_stalled
+from app.ops.watchdog import (
+    RecoveryWatch,
+    StallWatchdog,
+    consumer_view,
+    exit_recovery_stalled,
+    exit_stalled,
+)
 from app.platform.faust.app import consumer_group_id
 from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
@@ -237,11 +243,24 @@ class WorkerLagExporter:
             self._reader = None
 
 
+def recovery_remaining(app: Any) -> int | None:
+    """Changelog offsets faust's table recovery still has to read (``None``: not recovering)."""
+    try:
+        manager = app.tables
+        if not manager.recovery.in_recovery:
+            return None
+        return int(manager.recovery.active_remaining_total())
+    except Exception:  # no tables (yet): nothing to recover
+        return None
+
+
 def _exporter_service(
     exporter: WorkerLagExporter, interval_s: float, watchdog: StallWatchdog | None = None, app: Any = None
 ) -> type[Any]:
     """A mode Service class (``app.service`` instantiates it) running ``exporter`` periodically,
     and the stall ``watchdog`` on its readings (logging ``app``'s consumer view on a stall)."""
+
+    recovery = RecoveryWatch(watchdog.stall_s) if watchdog is not None and app is not None else None
 
     class WorkerLagExportService(Service):
         """Exports this worker's consumer lag every ``interval_s`` seconds."""
@@ -255,6 +274,10 @@ def _exporter_service(
                     if stalled:
                         view = consumer_view(app.consumer, stalled) if app is not None else ""
                         exit_stalled(exporter.group_id, stalled, watchdog.stall_s, rows, view)
+                if recovery is not None:
+                    remaining = recovery_remaining(app)
+                    if recovery.observe(remaining, time.monotonic()):
+                        exit_recovery_stalled(exporter.group_id, remaining or 0, recovery.stall_s)
                 await self.sleep(interval_s)
 
         async def on_stop(self) -> None:

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 from faust.types import TP
 
 from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import StallWatchdog, consumer_view, task_stacks
+from app.ops.watchdog import RecoveryWatch, StallWatchdog, consumer_view, task_stacks
+from app.platform.http.views import recovery_remaining
 
 
 def row(partition: int, end: int, committed: int | None) -> PartitionOffsets:
@@ -90,3 +91,31 @@ def test_the_consumer_view_shows_faust_bookkeeping_of_a_stalled_partition() -> N
     assert "[1] faust committed=20 read=33 acked=[24, 25]..(2) paused=False" in view
     assert "[2] not assigned here" in view
     assert "unavailable" in consumer_view(object(), [("t", 0)])
+
+
+def test_a_recovery_that_reads_nothing_stalls_after_the_threshold() -> None:
+    """Seen: "No event received for active tp" for minutes; the worker never became ready."""
+    watch = RecoveryWatch(stall_s=120)
+    assert not watch.observe(24, now=0)
+    assert not watch.observe(24, now=119)
+    assert watch.observe(24, now=120)
+
+
+def test_a_recovery_that_reads_or_ends_resets_the_clock() -> None:
+    watch = RecoveryWatch(stall_s=120)
+    assert not watch.observe(24, now=0)
+    assert not watch.observe(20, now=100)  # read 4 offsets
+    assert not watch.observe(20, now=219)
+    assert not watch.observe(None, now=230)  # recovery done
+    assert not watch.observe(20, now=231)
+    assert not watch.observe(20, now=350)
+    assert not watch.observe(0, now=360)  # caught up, waiting for nothing
+    assert not watch.observe(20, now=500)
+
+
+def test_recovery_remaining_reads_faust_recovery_or_none() -> None:
+    recovering = SimpleNamespace(in_recovery=True, active_remaining_total=lambda: 7)
+    assert recovery_remaining(SimpleNamespace(tables=SimpleNamespace(recovery=recovering))) == 7
+    idle = SimpleNamespace(in_recovery=False, active_remaining_total=lambda: 7)
+    assert recovery_remaining(SimpleNamespace(tables=SimpleNamespace(recovery=idle))) is None
+    assert recovery_remaining(SimpleNamespace()) is None

@@ -28,6 +28,7 @@ class FakeMessage:
     tp: TP = tp
     acked: bool = False
     refcount: int = 0
+    tracked: bool = True  # a stream handed it to its agent
 
 
 @pytest.fixture
@@ -52,6 +53,18 @@ def test_acks_of_a_previous_generation_never_become_committable(consumer: Any) -
     assert consumer._new_offset(tp) is None
     current = FakeMessage(offset=10, generation_id=7)
     assert consumer.ack(current) is True
+    assert consumer._new_offset(tp) == 11
+
+
+def test_acks_of_messages_a_stream_skipped_never_become_committable(consumer: Any) -> None:
+    """A stream dequeuing a message as a rebalance suspends flow control skips and acks it:
+    faust then committed an offset nobody processed (a record stayed ``submitted``)."""
+    consumer._committed_offset[tp] = 10
+    skipped = FakeMessage(offset=10, generation_id=7, tracked=False)
+    assert consumer.ack(skipped) is False
+    assert skipped.acked and skipped not in consumer._unacked_messages
+    assert consumer._new_offset(tp) is None
+    assert consumer.ack(FakeMessage(offset=10, generation_id=7))  # fetched again, processed
     assert consumer._new_offset(tp) == 11
 
 
