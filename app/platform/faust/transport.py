@@ -33,6 +33,12 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
   messages); the partition is then fetched again from the head. Every effect of the pipeline
   is safe to replay (duplicates are dropped by event id), and a head a stream still works on
   (the chain submitter acks keys out of order) is never re-fetched.
+* **A partition never committed**: aiokafka seeks a partition to its committed offset only when
+  it has one; without one it keeps the position an earlier generation's fetch left it at, past
+  the messages that generation fetched and its streams then skipped as stale. A new topic's
+  partitions that changed hands before their first commit were then never consumed (seen: a
+  review partition with ``committed=None read=None`` and lag, in three worker processes in a
+  row). Such partitions are sought to their beginning, as the ``earliest`` policy says.
 * **Stale read offsets**: faust drops fetched messages below the last offset it read from a
   partition, and keeps that offset across rebalances for partitions that have no committed
   offset yet. A partition that comes back after another generation read (but did not process)
@@ -115,6 +121,20 @@ class _Consumer(faust_aiokafka.Consumer):
         """Forget what earlier generations read, then seek to the committed offsets."""
         self._read_offset.clear()
         await super().perform_seek()
+
+    async def seek_to_committed(self) -> Any:
+        """Seek every assigned partition to its committed offset, and a stream partition
+        without one to its beginning (the ``earliest`` reset policy)."""
+        committed = await super().seek_to_committed()
+        if self.app.conf.consumer_auto_offset_reset == "earliest":
+            uncommitted = [
+                tp
+                for tp, offset in committed.items()
+                if not offset and tp.topic in self.app.topics.acking_topics and not self._is_changelog_tp(tp)
+            ]
+            if uncommitted:
+                await self._thread.seek_to_beginning(*uncommitted)
+        return committed
 
     def ack(self, message: Any) -> bool:
         """Record the ack, unless the message belongs to a previous consumer generation or was

@@ -94,7 +94,9 @@ def test_gaps_the_broker_never_delivered_count_as_acked(consumer: Any) -> None:
     assert consumer._new_offset(tp) == 4
 
 
-async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consumer: Any) -> None:
+async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(
+    consumer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A partition without a committed offset kept the last offset an earlier generation read,
     so its unprocessed messages were dropped as "already read" when it came back."""
 
@@ -102,9 +104,32 @@ async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consume
         return {}
 
     consumer._read_offset[tp] = 13
-    consumer.seek_to_committed = no_committed_offsets
+    monkeypatch.setattr(consumer, "seek_to_committed", no_committed_offsets)
     await consumer.perform_seek()
     assert consumer._read_offset[tp] is None
+
+
+async def test_a_partition_without_a_committed_offset_is_sought_to_its_beginning(
+    consumer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka leaves such a partition where an earlier generation's fetch left it, past what
+    that generation's streams skipped (a new topic's partition was never consumed)."""
+    committed, fresh, changelog = TP(TOPIC, 0), TP(TOPIC, 1), TP("avcc-review-tasks-changelog", 1)
+
+    async def committed_offsets() -> dict[Any, int | None]:
+        return {committed: 12, fresh: None, changelog: None}
+
+    sought: list[tuple[Any, ...]] = []
+
+    async def seek_to_beginning(*partitions: Any) -> None:
+        sought.append(partitions)
+
+    monkeypatch.setattr(consumer._thread, "seek_to_committed", committed_offsets)
+    monkeypatch.setattr(consumer, "_is_changelog_tp", lambda tp: tp.topic.endswith("-changelog"))
+    monkeypatch.setattr(consumer._thread, "seek_to_beginning", seek_to_beginning)
+    await consumer.perform_seek()
+    assert sought == [(fresh,)]
+    assert consumer._committed_offset[committed] == 12
 
 
 @pytest.fixture
