@@ -10,35 +10,15 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
   offset past messages the new generation has not processed yet, and a second rebalance then
   loses them (seen: 18 of 90 applications skipped around two rebalances). Such acks are dropped
   here: the messages are fetched again from the committed offset.
-* **Acks of skipped messages**: a stream that dequeues a message just as a rebalance suspends
-  flow control skips it -- and acks it "so the lag does not grow". That message was never
-  processed, yet its offset (of the current generation) became committable, and the revoke's
-  commit stored it: the message was lost (seen: a record posted during a rebalance stayed
-  ``submitted``; a record issued without its ``review.task.finished`` ever applied). A stream
-  tracks every message it hands to its agent before processing; an ack of a message of an
-  acking topic that no stream tracked is dropped here, so it is fetched again after the
-  rebalance (duplicates are dropped by event id).
 * **Commit with a gap at the head**: faust commits when the lowest acked offset is at most one
   past the committed offset (``min(acked) - committed > 1``), i.e. it tolerates one unacked
   message at the head. Here a commit needs the head itself to be acked.
-* **A head that is lost on its way**: a message can be read and then never reach its stream
-  (seen after a broker failover with replicas: ``committed=11 read=38 acked=[12..38]``; and, with
-  nothing after it, a record posted during a rebalance that stayed ``submitted``). faust stamps a
-  batch fetched before a rebalance with the generation current when the fetch *returns*, and
-  drops every later message below the last offset it read, so the re-fetch after the seek can be
-  discarded as "already read". Nothing fetches such a head again until the next rebalance: the
-  partition's commits stop for good. A head is taken for lost when, for :data:`HEAD_RESEEK_S`,
-  it exists (later offsets were acked, or the fetcher read up to it and the high watermark is
-  past it), it is not acked, and no stream holds it (it is not among the tracked, unacked
-  messages); the partition is then fetched again from the head. Every effect of the pipeline
-  is safe to replay (duplicates are dropped by event id), and a head a stream still works on
-  (the chain submitter acks keys out of order) is never re-fetched.
-* **A partition never committed**: aiokafka seeks a partition to its committed offset only when
-  it has one; without one it keeps the position an earlier generation's fetch left it at, past
-  the messages that generation fetched and its streams then skipped as stale. A new topic's
-  partitions that changed hands before their first commit were then never consumed (seen: a
-  review partition with ``committed=None read=None`` and lag, in three worker processes in a
-  row). Such partitions are sought to their beginning, as the ``earliest`` policy says.
+* **A head that is never acked**: a message can be read and then never reach its stream (seen
+  after a broker failover with replicas: ``committed=11 read=38 acked=[12..38]``); nothing fetches
+  it again until the next rebalance, so the partition's commits stop for good and the stall
+  watchdog restarts the worker after minutes. When the head has stayed unacked for
+  :data:`HEAD_RESEEK_S` while later offsets were acked, the partition is fetched again from the
+  head (every effect of the pipeline is safe to replay: duplicates are dropped by event id).
 * **Stale read offsets**: faust drops fetched messages below the last offset it read from a
   partition, and keeps that offset across rebalances for partitions that have no committed
   offset yet. A partition that comes back after another generation read (but did not process)
@@ -77,11 +57,12 @@ __all__ = [
 FETCH_MAX_WAIT_MS = 50
 #: Fetch wait on brokers that answer as soon as data arrives (Apache Kafka).
 EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
-#: How long a partition's head may stay unacked, read and held by no stream, before the
+#: How long a partition's head may stay unacked while later offsets are acked before the
 #: partition is fetched again from the head (a message read but lost on its way to the stream).
-#: Longer than a message legitimately waits in a stream's buffer, shorter than the stall
-#: watchdog's restart (``AVCC_WORKER_STALL_S``, 120 s).
-HEAD_RESEEK_S = 15.0
+#: Longer than a message legitimately stays in flight while later keys of its partition finish
+#: (the chain submitter acks keys out of order; an EVM transaction waits for its confirmations),
+#: shorter than the stall watchdog's restart (``AVCC_WORKER_STALL_S``, 120 s).
+HEAD_RESEEK_S = 30.0
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
 
@@ -122,27 +103,10 @@ class _Consumer(faust_aiokafka.Consumer):
         self._read_offset.clear()
         await super().perform_seek()
 
-    async def seek_to_committed(self) -> Any:
-        """Seek every assigned partition to its committed offset, and a stream partition
-        without one to its beginning (the ``earliest`` reset policy)."""
-        committed = await super().seek_to_committed()
-        if self.app.conf.consumer_auto_offset_reset == "earliest":
-            uncommitted = [
-                tp
-                for tp, offset in committed.items()
-                if not offset and tp.topic in self.app.topics.acking_topics and not self._is_changelog_tp(tp)
-            ]
-            if uncommitted:
-                await self._thread.seek_to_beginning(*uncommitted)
-        return committed
-
     def ack(self, message: Any) -> bool:
-        """Record the ack, unless the message belongs to a previous consumer generation or was
-        skipped by its stream (never tracked: never processed)."""
+        """Record the ack, unless the message belongs to a previous consumer generation."""
         generation = getattr(message, "generation_id", None)
-        stale = generation is not None and generation != self.app.consumer_generation_id
-        skipped = not getattr(message, "tracked", True) and message.topic in self.app.topics.acking_topics
-        if stale or skipped:
+        if generation is not None and generation != self.app.consumer_generation_id:
             with ack_lock:
                 message.acked = True  # done with it (not waited for at shutdown) ...
                 self._unacked_messages.discard(message)
@@ -151,7 +115,7 @@ class _Consumer(faust_aiokafka.Consumer):
 
     @cached_property
     def _head_missing_since(self) -> dict[Any, tuple[int, float]]:
-        """Per partition: the head offset that looks lost and since when it does."""
+        """Per partition: the unacked head offset and since when later offsets were acked."""
         return {}
 
     @cached_property
@@ -159,42 +123,16 @@ class _Consumer(faust_aiokafka.Consumer):
         """Seeks in flight (kept referenced until done)."""
         return set()
 
-    def _head_may_be_lost(self, tp: Any, head: int, later_acked: bool) -> bool:
-        """Whether ``head`` exists, was read and is not acked, with the partition flowing."""
-        if not self.flow_active or self.app.in_recovery:
-            return False
-        if tp in self._paused_partitions or tp in self._buffered_partitions:
-            return False  # held back on purpose (recovery, a full stream buffer)
-        if later_acked:
-            return True
-        read = self._read_offset.get(tp)
-        if read is None or read < head:
-            return False
-        try:
-            highwater = self.highwater(tp)
-        except Exception:  # not assigned (any more) or no fetch yet: nothing to judge by
-            return False
-        return highwater is not None and highwater > head
-
-    def _head_in_stream(self, tp: Any, head: int) -> bool:
-        """Whether a stream holds ``head`` (tracked and not acked yet)."""
-        return any(m.offset == head and m.tp == tp and not m.acked for m in list(self._unacked_messages))
-
-    def _watch_head(self, tp: Any, head: int, later_acked: bool) -> None:
-        """Fetch ``tp`` again from ``head`` once it looked lost for :data:`HEAD_RESEEK_S`."""
-        if not self._head_may_be_lost(tp, head, later_acked):
-            self._head_missing_since.pop(tp, None)
-            return
+    def _head_missing(self, tp: Any, head: int) -> None:
+        """Fetch ``tp`` again from ``head`` once it stayed unacked for :data:`HEAD_RESEEK_S`."""
         now = _now()
         offset, since = self._head_missing_since.setdefault(tp, (head, now))
         if offset != head:
             self._head_missing_since[tp] = (head, now)
         elif now - since >= HEAD_RESEEK_S:
-            self._head_missing_since[tp] = (head, now)  # at most one look per period
-            if self._head_in_stream(tp, head):
-                return  # slow, not lost
+            self._head_missing_since[tp] = (head, now)  # at most one seek per period
             log.warning(
-                "%s[%d]: offset %d read but never acked nor held by a stream: fetching again from it",
+                "%s[%d]: offset %d never acked while later ones were: fetching again from it",
                 tp.topic,
                 tp.partition,
                 head,
@@ -208,19 +146,10 @@ class _Consumer(faust_aiokafka.Consumer):
         if tp in self.assignment():
             await self.seek(tp, head)
 
-    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Any:
-        """faust's partitions with acks, plus every assigned one: a partition whose only message
-        was lost has no acks, and its head must still be watched at every commit."""
-        tps = set(self._acked) | set(self.assignment())
-        return (tp for tp in tps if topics is None or tp in topics or tp.topic in topics)
-
     def _new_offset(self, tp: Any) -> int | None:
         """The offset to commit: one past the acked run that starts at the committed offset."""
         acked: list[int] = self._acked[tp]
-        committed = self._committed_offset[tp]
         if not acked:
-            if committed is not None and tp.topic in self.app.topics.acking_topics:
-                self._watch_head(tp, committed, later_acked=False)
             return None
         gaps = self._gap[tp]
         if gaps:  # offsets the broker never delivered (compaction, control records) count as acked
@@ -229,8 +158,9 @@ class _Consumer(faust_aiokafka.Consumer):
                 acked.extend(range(interval.begin, interval.end))
             gaps.chop(0, highest + 1)
         acked.sort()
+        committed = self._committed_offset[tp]
         if committed is not None and acked[0] > committed:
-            self._watch_head(tp, committed, later_acked=True)
+            self._head_missing(tp, committed)
             return None  # the next message to commit has not been acked yet
         self._head_missing_since.pop(tp, None)
         batch = next(consecutive_numbers(acked))
