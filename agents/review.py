@@ -21,16 +21,13 @@ from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
-from app.platform.http.auth import RequestRefused, authenticate, claim_nonce
 from app.platform.http.openapi import route
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
 from app.platform.http.routing import (
     answer_at_owner,
     answers_of_every_peer,
-    is_forwarded,
-    rebalancing_answer,
     record_request,
-    wait_settled,
+    table_wide_request,
 )
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
@@ -91,17 +88,10 @@ class Tasks(faust.web.View):
 
     async def get(self, request: web.Request) -> web.Response:
         """Answered the same by every replica: the tasks of this worker's partitions plus those
-        its peers hold (asked with the request forwarded); the nonce is claimed once, by the
-        replica the client called."""
-        try:
-            signed = await authenticate(request, settings, scope="review:decide", check_nonce=False)
-            forwarded = is_forwarded(request, settings)
-            if not forwarded:
-                await claim_nonce(signed, settings)
-        except RequestRefused as exc:
-            return exc.response()
-        if not await wait_settled(app):
-            return rebalancing_answer()
+        its peers hold (asked with the request forwarded)."""
+        forwarded = await table_wide_request(app, request, settings, scope="review:decide")
+        if isinstance(forwarded, web.Response):
+            return forwarded
         wanted = request.query.get("status")
         items = {t.avcc_record_id: t.public() for t in tasks.values() if wanted is None or t.status == wanted}
         if not forwarded:

@@ -22,10 +22,10 @@ from app.lifecycle.settlement.clearing import (
 )
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
-from app.platform.http.auth import RequestRefused, authenticate, claim_nonce, signed_json
+from app.platform.http.auth import signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
-from app.platform.http.routing import answer_from_peers, is_forwarded, rebalancing_answer, wait_settled
+from app.platform.http.routing import answer_from_peers, table_wide_request
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import CHAIN_TX_CONFIRMED
@@ -100,16 +100,10 @@ class InstructionStatus(faust.web.View):
     async def get(self, request: web.Request, instruction_id: str) -> web.Response:
         """Answered the same by every replica: the instruction is stored in the partition of
         its record, which the request does not name, so a replica that does not hold it asks
-        its peers; the nonce is claimed once, by the replica the client called."""
-        try:
-            signed = await authenticate(request, settings, scope="settlement", check_nonce=False)
-            forwarded = is_forwarded(request, settings)
-            if not forwarded:
-                await claim_nonce(signed, settings)
-        except RequestRefused as exc:
-            return exc.response()
-        if not await wait_settled(app):
-            return rebalancing_answer()
+        its peers."""
+        forwarded = await table_wide_request(app, request, settings, scope="settlement")
+        if isinstance(forwarded, web.Response):
+            return forwarded
         record = clearing.get(instruction_id)
         if record is not None:
             return json_response(record.public())

@@ -44,6 +44,7 @@ __all__ = [
     "rebalancing_answer",
     "record_request",
     "table_peers",
+    "table_wide_request",
     "wait_settled",
 ]
 
@@ -169,6 +170,25 @@ async def answer_from_peers(
         if answer.status != 404:
             unanswered = answer
     return unanswered
+
+
+async def table_wide_request(
+    app: Any, request: web.Request, settings: Settings, *, scope: Scope
+) -> bool | web.Response:
+    """The prologue of a route answered from the whole table, whose key's partition the request
+    does not name: authenticate, claim the nonce unless a peer forwarded the request (it is
+    claimed once, where the client called), and wait until this worker's partitions settle.
+    Whether the request was forwarded, or the refusal (or 503) to send instead."""
+    try:
+        signed = await authenticate(request, settings, scope=scope, check_nonce=False)
+        forwarded = is_forwarded(request, settings)
+        if not forwarded:
+            await claim_nonce(signed, settings)
+    except RequestRefused as exc:
+        return exc.response()
+    if not await wait_settled(app):
+        return rebalancing_answer()
+    return forwarded
 
 
 async def answers_of_every_peer(
