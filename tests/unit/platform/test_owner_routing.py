@@ -128,8 +128,9 @@ def test_peers_are_the_other_holders_and_none_while_a_partition_has_no_owner() -
     assert table_peers(worker({SELF: {0, 1, 2}, PEER: {3, 4}}), table()) is None
 
 
-async def _listing_peers(*answers: tuple[int, bytes]) -> Any:
-    """Peers serving ``GET /v1/review/tasks`` with the given (status, body) each, as servers."""
+async def _ask_listing_peers(*answers: tuple[int, bytes]) -> Any:
+    """``answers_of_every_peer`` of a worker holding partitions 0-1 whose two peers (real
+    servers, holding 2-3 and 4-5) answer ``GET /v1/review/tasks`` with these (status, body)."""
     servers = []
     for status, body in answers:
 
@@ -139,35 +140,26 @@ async def _listing_peers(*answers: tuple[int, bytes]) -> Any:
         peer = web.Application()
         peer.router.add_get("/v1/review/tasks", listing)
         servers.append(TestServer(peer, host="127.0.0.1"))
-    for server in servers:
-        await server.start_server()
-    return servers
-
-
-async def test_a_listing_gathers_the_answer_of_every_peer() -> None:
-    servers = await _listing_peers((200, b'{"tasks": [1]}'), (200, b'{"tasks": [2]}'))
     try:
-        urls = [str(s.make_url("")).rstrip("/") for s in servers]
-        app = worker({SELF: {0, 1}, urls[0]: {2, 3}, urls[1]: {4, 5}})
+        for server in servers:
+            await server.start_server()
+        first, second = (str(s.make_url("")).rstrip("/") for s in servers)
+        app = worker({SELF: {0, 1}, first: {2, 3}, second: {4, 5}})
         request = make_mocked_request("GET", "/v1/review/tasks")
-        answers = await answers_of_every_peer(app, table(), request, Settings())
+        return await answers_of_every_peer(app, table(), request, Settings())
     finally:
         for server in servers:
             await server.close()
-    assert sorted(answers) == [b'{"tasks": [1]}', b'{"tasks": [2]}']  # type: ignore[type-var]
+
+
+async def test_a_listing_gathers_the_answer_of_every_peer() -> None:
+    answers = await _ask_listing_peers((200, b'{"tasks": [1]}'), (200, b'{"tasks": [2]}'))
+    assert sorted(answers) == [b'{"tasks": [1]}', b'{"tasks": [2]}']
 
 
 @pytest.mark.parametrize("status", [404, 500, 503])
 async def test_a_listing_with_a_peer_unheard_is_a_503(status: int) -> None:
-    servers = await _listing_peers((200, b'{"tasks": []}'), (status, b'{"error": "x"}'))
-    try:
-        urls = [str(s.make_url("")).rstrip("/") for s in servers]
-        app = worker({SELF: {0, 1}, urls[0]: {2, 3}, urls[1]: {4, 5}})
-        request = make_mocked_request("GET", "/v1/review/tasks")
-        answer = await answers_of_every_peer(app, table(), request, Settings())
-    finally:
-        for server in servers:
-            await server.close()
+    answer = await _ask_listing_peers((200, b'{"tasks": []}'), (status, b'{"error": "x"}'))
     assert isinstance(answer, web.Response) and answer.status == 503
     assert answer.headers["Retry-After"] == "1"
 
