@@ -279,7 +279,7 @@ REPLIES_DROPPED = Counter(
 __all__ += ["REPLIES_DROPPED"]
 HEAD_RESEEKS = Counter(
     "avcc_consumer_head_reseeks_total",
-    "Partitions fetched again from an offset that was read but never acked while later ones were",
+    "Partitions fetched again from an offset that was read but never acked nor held by a stream",
     ["app", "topic"],
     registry=REGISTRY,
 )

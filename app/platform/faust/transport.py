@@ -13,12 +13,18 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
 * **Commit with a gap at the head**: faust commits when the lowest acked offset is at most one
   past the committed offset (``min(acked) - committed > 1``), i.e. it tolerates one unacked
   message at the head. Here a commit needs the head itself to be acked.
-* **A head that is never acked**: a message can be read and then never reach its stream (seen
-  after a broker failover with replicas: ``committed=11 read=38 acked=[12..38]``); nothing fetches
-  it again until the next rebalance, so the partition's commits stop for good and the stall
-  watchdog restarts the worker after minutes. When the head has stayed unacked for
-  :data:`HEAD_RESEEK_S` while later offsets were acked, the partition is fetched again from the
-  head (every effect of the pipeline is safe to replay: duplicates are dropped by event id).
+* **A head that is lost on its way**: a message can be read and then never reach its stream
+  (seen after a broker failover with replicas: ``committed=11 read=38 acked=[12..38]``; and, with
+  nothing after it, a record posted during a rebalance that stayed ``submitted``). faust stamps a
+  batch fetched before a rebalance with the generation current when the fetch *returns*, and
+  drops every later message below the last offset it read, so the re-fetch after the seek can be
+  discarded as "already read". Nothing fetches such a head again until the next rebalance: the
+  partition's commits stop for good. A head is taken for lost when, for :data:`HEAD_RESEEK_S`,
+  it exists (later offsets were acked, or the fetcher read up to it and the high watermark is
+  past it), it is not acked, and no stream holds it (it is not among the tracked, unacked
+  messages); the partition is then fetched again from the head. Every effect of the pipeline
+  is safe to replay (duplicates are dropped by event id), and a head a stream still works on
+  (the chain submitter acks keys out of order) is never re-fetched.
 * **Stale read offsets**: faust drops fetched messages below the last offset it read from a
   partition, and keeps that offset across rebalances for partitions that have no committed
   offset yet. A partition that comes back after another generation read (but did not process)
@@ -57,12 +63,11 @@ __all__ = [
 FETCH_MAX_WAIT_MS = 50
 #: Fetch wait on brokers that answer as soon as data arrives (Apache Kafka).
 EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
-#: How long a partition's head may stay unacked while later offsets are acked before the
+#: How long a partition's head may stay unacked, read and held by no stream, before the
 #: partition is fetched again from the head (a message read but lost on its way to the stream).
-#: Longer than a message legitimately stays in flight while later keys of its partition finish
-#: (the chain submitter acks keys out of order; an EVM transaction waits for its confirmations),
-#: shorter than the stall watchdog's restart (``AVCC_WORKER_STALL_S``, 120 s).
-HEAD_RESEEK_S = 30.0
+#: Longer than a message legitimately waits in a stream's buffer, shorter than the stall
+#: watchdog's restart (``AVCC_WORKER_STALL_S``, 120 s).
+HEAD_RESEEK_S = 15.0
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
 
@@ -115,7 +120,7 @@ class _Consumer(faust_aiokafka.Consumer):
 
     @cached_property
     def _head_missing_since(self) -> dict[Any, tuple[int, float]]:
-        """Per partition: the unacked head offset and since when later offsets were acked."""
+        """Per partition: the head offset that looks lost and since when it does."""
         return {}
 
     @cached_property
@@ -123,16 +128,42 @@ class _Consumer(faust_aiokafka.Consumer):
         """Seeks in flight (kept referenced until done)."""
         return set()
 
-    def _head_missing(self, tp: Any, head: int) -> None:
-        """Fetch ``tp`` again from ``head`` once it stayed unacked for :data:`HEAD_RESEEK_S`."""
+    def _head_may_be_lost(self, tp: Any, head: int, later_acked: bool) -> bool:
+        """Whether ``head`` exists, was read and is not acked, with the partition flowing."""
+        if not self.flow_active or self.app.in_recovery:
+            return False
+        if tp in self._paused_partitions or tp in self._buffered_partitions:
+            return False  # held back on purpose (recovery, a full stream buffer)
+        if later_acked:
+            return True
+        read = self._read_offset.get(tp)
+        if read is None or read < head:
+            return False
+        try:
+            highwater = self.highwater(tp)
+        except Exception:  # not assigned (any more) or no fetch yet: nothing to judge by
+            return False
+        return highwater is not None and highwater > head
+
+    def _head_in_stream(self, tp: Any, head: int) -> bool:
+        """Whether a stream holds ``head`` (tracked and not acked yet)."""
+        return any(m.offset == head and m.tp == tp and not m.acked for m in list(self._unacked_messages))
+
+    def _watch_head(self, tp: Any, head: int, later_acked: bool) -> None:
+        """Fetch ``tp`` again from ``head`` once it looked lost for :data:`HEAD_RESEEK_S`."""
+        if not self._head_may_be_lost(tp, head, later_acked):
+            self._head_missing_since.pop(tp, None)
+            return
         now = _now()
         offset, since = self._head_missing_since.setdefault(tp, (head, now))
         if offset != head:
             self._head_missing_since[tp] = (head, now)
         elif now - since >= HEAD_RESEEK_S:
-            self._head_missing_since[tp] = (head, now)  # at most one seek per period
+            self._head_missing_since[tp] = (head, now)  # at most one look per period
+            if self._head_in_stream(tp, head):
+                return  # slow, not lost
             log.warning(
-                "%s[%d]: offset %d never acked while later ones were: fetching again from it",
+                "%s[%d]: offset %d read but never acked nor held by a stream: fetching again from it",
                 tp.topic,
                 tp.partition,
                 head,
@@ -146,10 +177,19 @@ class _Consumer(faust_aiokafka.Consumer):
         if tp in self.assignment():
             await self.seek(tp, head)
 
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Any:
+        """faust's partitions with acks, plus every assigned one: a partition whose only message
+        was lost has no acks, and its head must still be watched at every commit."""
+        tps = set(self._acked) | set(self.assignment())
+        return (tp for tp in tps if topics is None or tp in topics or tp.topic in topics)
+
     def _new_offset(self, tp: Any) -> int | None:
         """The offset to commit: one past the acked run that starts at the committed offset."""
         acked: list[int] = self._acked[tp]
+        committed = self._committed_offset[tp]
         if not acked:
+            if committed is not None and tp.topic in self.app.topics.acking_topics:
+                self._watch_head(tp, committed, later_acked=False)
             return None
         gaps = self._gap[tp]
         if gaps:  # offsets the broker never delivered (compaction, control records) count as acked
@@ -158,9 +198,8 @@ class _Consumer(faust_aiokafka.Consumer):
                 acked.extend(range(interval.begin, interval.end))
             gaps.chop(0, highest + 1)
         acked.sort()
-        committed = self._committed_offset[tp]
         if committed is not None and acked[0] > committed:
-            self._head_missing(tp, committed)
+            self._watch_head(tp, committed, later_acked=True)
             return None  # the next message to commit has not been acked yet
         self._head_missing_since.pop(tp, None)
         batch = next(consecutive_numbers(acked))

@@ -94,35 +94,106 @@ async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consume
     assert consumer._read_offset[tp] is None
 
 
-async def test_a_head_left_unacked_while_later_offsets_are_acked_is_fetched_again(
-    consumer: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Seen after a broker failover: committed=11 read=38 acked=[12..38], the head never came."""
-    seeks: list[tuple[TP, int]] = []
+@pytest.fixture
+def seeks(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[TP, int]]:
+    """Seeks the head watch starts; the partition assigned, flowing, fetched up to offset 40."""
+    done: list[tuple[TP, int]] = []
 
     async def seek(partition: TP, offset: int) -> None:
-        seeks.append((partition, offset))
+        done.append((partition, offset))
 
-    clock = [1000.0]
-    monkeypatch.setattr(transport, "_now", lambda: clock[0])
     monkeypatch.setattr(consumer, "seek", seek)
     monkeypatch.setattr(consumer, "assignment", lambda: {tp})
+    monkeypatch.setattr(consumer, "highwater", lambda _tp: 40)
     consumer._head_missing_since.clear()
+    consumer._paused_partitions.clear()
+    consumer._buffered_partitions.clear()
+    consumer._read_offset.clear()
+    return done
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(transport, "_now", lambda: now[0])
+    return now
+
+
+async def _seeks_after(consumer: Any, seeks: list[Any], clock: list[float], wait: float) -> list[Any]:
+    """Let ``wait`` seconds pass, run one commit's head watch, and return the seeks so far."""
+    clock[0] += wait
+    assert consumer._new_offset(tp) is None
+    await asyncio.sleep(0)
+    return seeks
+
+
+async def test_a_head_left_unacked_while_later_offsets_are_acked_is_fetched_again(
+    consumer: Any, seeks: list[Any], clock: list[float]
+) -> None:
+    """Seen after a broker failover: committed=11 read=38 acked=[12..38], the head never came."""
     consumer._committed_offset[tp] = 11
     for offset in range(12, 39):
         consumer.ack(FakeMessage(offset=offset, generation_id=7))
-    assert consumer._new_offset(tp) is None
-    clock[0] += transport.HEAD_RESEEK_S - 1
-    assert consumer._new_offset(tp) is None
-    await asyncio.sleep(0)
-    assert seeks == []  # not yet: the head may still be on its way
-    clock[0] += 1
-    assert consumer._new_offset(tp) is None
-    await asyncio.sleep(0)
-    assert seeks == [(tp, 11)]
-    assert consumer._new_offset(tp) is None  # one seek per period
-    await asyncio.sleep(0)
-    assert seeks == [(tp, 11)]
+    assert await _seeks_after(consumer, seeks, clock, 0) == []
+    assert await _seeks_after(consumer, seeks, clock, transport.HEAD_RESEEK_S - 1) == []
+    assert await _seeks_after(consumer, seeks, clock, 1) == [(tp, 11)]
+    assert await _seeks_after(consumer, seeks, clock, 0) == [(tp, 11)]  # one seek per period
     consumer.ack(FakeMessage(offset=11, generation_id=7))  # fetched again and processed
     assert consumer._new_offset(tp) == 39
     assert tp not in consumer._head_missing_since
+
+
+async def test_a_lost_last_message_is_fetched_again(
+    consumer: Any, seeks: list[Any], clock: list[float]
+) -> None:
+    """Seen in the crash test: a record posted during a rebalance stayed ``submitted``; the
+    partition had read its message (nothing after it), no stream held it, nothing acked it."""
+    consumer._committed_offset[tp] = 39
+    consumer._read_offset[tp] = 39
+    assert await _seeks_after(consumer, seeks, clock, 0) == []
+    assert await _seeks_after(consumer, seeks, clock, transport.HEAD_RESEEK_S) == [(tp, 39)]
+    assert list(consumer._filter_tps_with_pending_acks()) == [tp], "watched with no acks at all"
+
+
+async def test_a_head_a_stream_still_works_on_is_not_fetched_again(
+    consumer: Any, seeks: list[Any], clock: list[float]
+) -> None:
+    """The chain submitter holds a head for as long as its transaction waits to be mined."""
+    consumer._committed_offset[tp] = 11
+    consumer._read_offset[tp] = 20
+    for offset in range(12, 21):  # later keys of the partition finished
+        consumer.ack(FakeMessage(offset=offset, generation_id=7))
+    held = FakeMessage(offset=11, generation_id=7)
+    consumer._unacked_messages.add(held)
+    try:
+        assert await _seeks_after(consumer, seeks, clock, 0) == []
+        assert await _seeks_after(consumer, seeks, clock, 10 * transport.HEAD_RESEEK_S) == []
+    finally:
+        consumer._unacked_messages.discard(held)
+
+
+@pytest.mark.parametrize(
+    ("read", "highwater", "held_back"),
+    [
+        (38, 40, None),  # caught up to offset 38: the head (39) was not read yet
+        (39, 39, None),  # the head does not exist yet (an idle partition just after a seek)
+        (39, 40, "_paused_partitions"),  # recovery pauses it
+        (39, 40, "_buffered_partitions"),  # its stream buffer is full
+    ],
+)
+async def test_a_head_not_read_or_held_back_is_left_alone(
+    consumer: Any,
+    seeks: list[Any],
+    clock: list[float],
+    monkeypatch: pytest.MonkeyPatch,
+    read: int,
+    highwater: int,
+    held_back: str | None,
+) -> None:
+    consumer._committed_offset[tp] = 39
+    consumer._read_offset[tp] = read
+    monkeypatch.setattr(consumer, "highwater", lambda _tp: highwater)
+    if held_back:
+        getattr(consumer, held_back).add(tp)
+    assert await _seeks_after(consumer, seeks, clock, 0) == []
+    assert await _seeks_after(consumer, seeks, clock, 10 * transport.HEAD_RESEEK_S) == []
