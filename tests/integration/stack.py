@@ -203,6 +203,19 @@ class Stack:
             except orjson.JSONDecodeError:
                 return response.status, text.decode(errors="replace")
 
+    async def call_settled(
+        self, group: str, method: str, path: str, body: Any = None, *, wait_s: float = 60.0, index: int = 0
+    ) -> tuple[int, Any]:
+        """:meth:`call`, sent again (freshly signed) after each ``503`` for as long as its
+        ``retry_after_s`` says and ``wait_s`` allows, like a client honouring ``Retry-After``
+        while the group rebalances (e.g. after a replica of an earlier test stopped)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            status, answer = await self.call(group, method, path, body, index=index)
+            if status != 503 or time.monotonic() >= deadline:
+                return status, answer
+            await asyncio.sleep(float(answer.get("retry_after_s", 1)) if isinstance(answer, dict) else 1.0)
+
 
 def _ready(host: str, port: int) -> bool:
     with urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=2) as response:

@@ -88,21 +88,22 @@ async def test_need_human_waits_for_reviewer_then_completes_or_rejects(core_stac
     for record_id in ids:
         record = await record_when(core_stack, record_id, lambda r: r["status"] == "need_human")
         assert record.get("avcc_code") is None
-    status, listing = await core_stack.call("review", "GET", "/v1/review/tasks?status=need_human")
-    assert status == 200
+    status, listing = await core_stack.call_settled("review", "GET", "/v1/review/tasks?status=need_human")
+    assert status == 200, listing
     waiting = {t["avcc_record_id"] for t in listing["tasks"]}
     assert set(ids) <= waiting
 
     approve = {"decision": "approve", "final_level": "G", "reviewer": "rev-1", "reason": "checked provenance"}
     reject = {"decision": "reject", "final_level": "P", "reviewer": "rev-2", "reason": "watermark missing"}
-    assert (await core_stack.call("review", "POST", f"/v1/review/tasks/{ids[0]}/decision", approve))[0] == 202
-    assert (await core_stack.call("review", "POST", f"/v1/review/tasks/{ids[1]}/decision", reject))[0] == 202
+    for record_id, decision in ((ids[0], approve), (ids[1], reject)):
+        path = f"/v1/review/tasks/{record_id}/decision"
+        assert (await core_stack.call_settled("review", "POST", path, decision))[0] == 202
 
     issued = await record_when(core_stack, ids[0], lambda r: r.get("avcc_code"))
     assert issued["final_level"] == "G" and issued["status"] == "issued"
     rejected = await record_when(core_stack, ids[1], lambda r: r["status"] == "rejected")
     assert rejected.get("avcc_code") is None and rejected.get("tx_hash") is None
-    again = await core_stack.call("review", "POST", f"/v1/review/tasks/{ids[1]}/decision", approve)
+    again = await core_stack.call_settled("review", "POST", f"/v1/review/tasks/{ids[1]}/decision", approve)
     assert again[0] == 409
 
 
