@@ -1,6 +1,6 @@
 """faust transport with the fixes the pipeline's delivery guarantees depend on.
 
-faust-streaming 0.15 with aiokafka, adjusted in three places:
+faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need it:
 
 * **Fetch wait**: faust hard-codes aiokafka's ``fetch_max_wait_ms=1500``. A broker that answers a
   fetch only when that wait expires (Tansu does not return early when data arrives) then adds up
@@ -25,6 +25,13 @@ faust-streaming 0.15 with aiokafka, adjusted in three places:
   messages); the partition is then fetched again from the head. Every effect of the pipeline
   is safe to replay (duplicates are dropped by event id), and a head a stream still works on
   (the chain submitter acks keys out of order) is never re-fetched.
+* **Flush before a commit**: faust flushes the producer before it commits offsets, but its
+  buffer's flush returns as soon as no buffered message is sent within 0.1 s (a broker failover
+  stalls them for seconds), and a refused changelog write is only logged. A commit could then
+  cover input whose table writes never reached the changelog: a worker SIGKILLed after it lost
+  them for good (seen: the claims table's record-id counter, so a new owner handed out an id
+  that was already taken). Here a flush returns only once every buffered message is
+  acknowledged, and raises when one was refused, so that commit does not happen.
 * **Stale read offsets**: faust drops fetched messages below the last offset it read from a
   partition, and keeps that offset across rebalances for partitions that have no committed
   offset yet. A partition that comes back after another generation read (but did not process)
@@ -42,6 +49,7 @@ from typing import Any
 
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import FutureMessage
 from faust.types.tuples import ack_lock
 from faust.utils.functional import consecutive_numbers
 from mode.utils.objects import cached_property
@@ -208,10 +216,32 @@ class _Consumer(faust_aiokafka.Consumer):
         return int(batch[-1]) + 1
 
 
+class _Producer(faust_aiokafka.Producer):
+    @cached_property
+    def _undelivered(self) -> set[FutureMessage]:
+        """Messages handed to :meth:`send_soon` (table changelog writes) not yet acknowledged."""
+        return set()
+
+    def send_soon(self, fut: FutureMessage) -> None:
+        """Buffer ``fut`` and track it until the broker acknowledges it (or refuses it)."""
+        undelivered = self._undelivered
+        undelivered.add(fut)
+        fut.add_done_callback(undelivered.discard)
+        super().send_soon(fut)
+
+    async def flush(self) -> None:
+        """Return once every message buffered so far is acknowledged; raise if one was refused."""
+        await super().flush()
+        pending = list(self._undelivered)
+        if pending:
+            await asyncio.gather(*pending)
+
+
 class Transport(faust_aiokafka.Transport):
     """The aiokafka transport with the fixes above."""
 
     Consumer = _Consumer
+    Producer = _Producer
 
 
 TRANSPORTS[SCHEME] = f"{__name__}:Transport"
