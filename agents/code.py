@@ -22,10 +22,8 @@ from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, re
 from app.lifecycle.code.claims import (
     CLAIM_TIMEOUT_S,
     ClaimAnswer,
-    ClaimSequence,
     application_answer,
     plan_claims,
-    sequence_key,
 )
 from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
@@ -52,7 +50,7 @@ from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
 from schemas.envelope import Envelope
 from schemas.review import ReviewTaskFinished
-from tables.code import claim_sequences, claims, record_parking, records
+from tables.code import claims, record_parking, records
 
 __all__ = ["app"]
 
@@ -142,19 +140,26 @@ async def record_lifecycle(stream: Any) -> None:
         await runtime.process(event, handle_record_event, topic=topic, parking=record_parking)
 
 
-async def claim_many(applications: list[ApplicationRequest], partition: int) -> list[ClaimAnswer]:
-    """Find or make the claims of ``applications``' content hashes on claims ``partition``: one
-    produce (and one wait for the acks) for all the new records, then the table writes."""
-    sequence = claim_sequences.get(sequence_key(partition))
-    plan = plan_claims(
-        applications, claims.get, sequence.root if sequence is not None else 0, partition, now_ms()
-    )
+async def claim_many(
+    applications: list[ApplicationRequest], partition: int, offset: int
+) -> list[ClaimAnswer]:
+    """Find or make the claims of ``applications``' content hashes, the claim request at
+    ``offset`` of claims ``partition``: one produce (and one wait for the acks) for all the new
+    records, then the table writes."""
+    plan = plan_claims(applications, claims.get, offset, partition, now_ms())
     if plan.events:
         await runtime.emit(plan.events)
-        claim_sequences[sequence_key(partition)] = ClaimSequence(plan.sequence)
         for content_hash, made in plan.made.items():
             claims[content_hash] = made
     return plan.answers
+
+
+def current_message() -> Any:
+    """The message the running agent is processing (its offset names the claim request)."""
+    event = faust.current_event()
+    if event is None:
+        raise RuntimeError("claim requests are processed inside the claims agent only")
+    return event.message
 
 
 @app.agent(claims_topic)
@@ -163,13 +168,13 @@ async def claim_applications(stream: Any) -> Any:
     application (JSON object, the single route) or several of one partition (JSON array, the
     bulk route), answered with one reply or a list of them."""
     async for request in stream:
-        event = faust.current_event()
-        partition = event.message.partition if event is not None else 0
+        message = current_message()
         if request.body.startswith("["):
             many = [ApplicationRequest.model_validate(item) for item in orjson.loads(request.body)]
-            yield [answer.as_reply() for answer in await claim_many(many, partition)]
+            yield [answer.as_reply() for answer in await claim_many(many, message.partition, message.offset)]
         else:
-            answers = await claim_many([ApplicationRequest.model_validate_json(request.body)], partition)
+            one = [ApplicationRequest.model_validate_json(request.body)]
+            answers = await claim_many(one, message.partition, message.offset)
             yield answers[0].as_reply()
 
 

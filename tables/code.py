@@ -4,8 +4,7 @@ Backed by faust tables of App ``avcc-code`` in RocksDB (``<datadir>/workers/code
 replicated to its compacted changelog topic ``avcc-code-<table>-changelog``:
 
 * ``records`` - avcc_record_id -> :class:`RecordState`, co-partitioned with the record topics;
-* ``claims`` - content hash -> :class:`Claim`, plus one record-id sequence per claims partition
-  (key ``__seq__:<partition>``), co-partitioned with the claims topic;
+* ``claims`` - content hash -> :class:`Claim`, co-partitioned with the claims topic;
 * ``records-parked`` - message ids of record events waiting in the retry path, per record.
 """
 
@@ -13,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.lifecycle.code.claims import Claim, ClaimSequence
+from app.lifecycle.code.claims import Claim
 from app.lifecycle.code.records import RecordState
 from app.platform.faust.app import get_app
 from app.platform.faust.tables import ModelTable, model_table, parking_table
 from app.platform.topics import APPLY_CREATED, CODE_CLAIMS
 
-__all__ = ["claim_sequences", "claims", "record_parking", "records"]
+__all__ = ["claims", "record_parking", "records"]
 
 _app = get_app("code")
 
@@ -37,6 +36,4 @@ claims: ModelTable[Claim] = model_table(
     partitions=CODE_CLAIMS.partitions,
     help="One work, one record: content hash claims (code group)",
 )
-#: The record-id sequences kept in the ``claims`` table (keys from ``sequence_key``).
-claim_sequences: ModelTable[ClaimSequence] = ModelTable(claims.table, ClaimSequence)
 record_parking: Any = parking_table(_app, "records", APPLY_CREATED.partitions)

@@ -31,7 +31,7 @@ from typing import Any, Final
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.lifecycle.code.claims import application_answer
+from app.lifecycle.code.claims import CLAIM_SLOTS, application_answer
 from app.platform.http.responses import BadRequest, validate_object
 from app.playback.gateway.ingest import BatchError, parse_items
 from schemas.application import ApplicationRequest
@@ -61,7 +61,9 @@ class BulkSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AVCC_BULK_", frozen=True, extra="ignore")
 
-    max_items: int = Field(default=1_000, ge=1, description="Most applications per batch (more: 413).")
+    max_items: int = Field(
+        default=1_000, ge=1, le=CLAIM_SLOTS, description="Most applications per batch (more: 413)."
+    )
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024, ge=1024, description="Largest batch body in bytes (more: 413)."
     )

@@ -2,8 +2,13 @@
 
 The claims agent owns a content hash's partition; for each application it either finds the
 hash's claim (same ``request_id``: the same record again; another: a conflict) or claims it with
-a new record id. Record ids are ``ID_BASE + sequence * ID_STRIDE + partition``, so workers owning
-different partitions never hand out the same id.
+a new record id. A record id is derived from where its claim request sits in the claims topic:
+``ID_BASE + (offset * CLAIM_SLOTS + slot) * ID_STRIDE + partition`` (``slot``: the
+application's place in the request). Workers owning different partitions never hand out the
+same id, and a request processed again -- after a crash, or by the next owner of its partition
+after a rebalance -- gives every application the id it got the first time, whatever part of
+the claims table's changelog the new owner recovered. (A counter kept in the table did not: a
+new owner that recovered it without its last writes handed out an id that was already taken.)
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pydantic import BaseModel, RootModel
+from pydantic import BaseModel
 
 from app.platform.faust.effects import Outgoing
 from app.platform.topics import APPLY_CREATED
@@ -22,6 +27,7 @@ from schemas.apply import ApplyCreated
 from schemas.envelope import make_envelope
 
 __all__ = [
+    "CLAIM_SLOTS",
     "CLAIM_TIMEOUT_S",
     "EVENT_NS",
     "ID_BASE",
@@ -29,19 +35,19 @@ __all__ = [
     "Claim",
     "ClaimAnswer",
     "ClaimPlan",
-    "ClaimSequence",
     "answer_existing",
     "application_answer",
     "apply_created_for",
     "plan_claims",
     "record_id_for",
-    "sequence_key",
 ]
 
 #: Namespace of the code group's name-based (deterministic) event ids.
 EVENT_NS: Final = uuid.UUID("6f1c3c0e-6d59-4f43-9a51-8f3f0a7c2a01")
 ID_BASE: Final = 10_000
 ID_STRIDE: Final = 64
+#: Most applications one claim request carries (the bulk route's batch size is bounded by it).
+CLAIM_SLOTS: Final = 1024
 #: How long the HTTP view waits for the claims agent before answering 503.
 CLAIM_TIMEOUT_S: Final = 15.0
 
@@ -52,10 +58,6 @@ class Claim(BaseModel):
     avcc_record_id: int
     request_id: str
     claimed_ms: int
-
-
-class ClaimSequence(RootModel[int]):
-    """Record ids handed out so far by one claims partition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +73,12 @@ class ClaimAnswer:
         return {"http_status": self.http_status, "note": self.note, **self.claim.model_dump()}
 
 
-def sequence_key(partition: int) -> str:
-    """Key of the record-id sequence of a claims partition (kept in the claims table)."""
-    return f"__seq__:{partition}"
-
-
-def record_id_for(sequence: int, partition: int) -> int:
-    """The record id the ``sequence``-th claim of ``partition`` gets."""
-    return ID_BASE + sequence * ID_STRIDE + partition
+def record_id_for(offset: int, slot: int, partition: int) -> int:
+    """The record id of the application in ``slot`` of the claim request at ``offset`` of claims
+    ``partition``."""
+    if not (0 <= slot < CLAIM_SLOTS and 0 <= partition < ID_STRIDE and offset >= 0):
+        raise ValueError(f"no record id for offset {offset}, slot {slot}, partition {partition}")
+    return ID_BASE + (offset * CLAIM_SLOTS + slot) * ID_STRIDE + partition
 
 
 def answer_existing(claim: Claim, request_id: str) -> ClaimAnswer:
@@ -110,32 +110,33 @@ def apply_created_for(application: ApplicationRequest, record_id: int) -> Outgoi
 @dataclass(slots=True)
 class ClaimPlan:
     """What claiming a run of applications on one partition takes: the answers (in order), the
-    events to produce, the claims to store once they are acknowledged, the next sequence."""
+    events to produce, the claims to store once they are acknowledged."""
 
     answers: list[ClaimAnswer] = field(default_factory=list)
     events: list[Outgoing] = field(default_factory=list)
     made: dict[str, Claim] = field(default_factory=dict)
-    sequence: int = 0
 
 
 def plan_claims(
     applications: Sequence[ApplicationRequest],
     stored: Callable[[str], Claim | None],
-    sequence: int,
+    offset: int,
     partition: int,
     now_ms: int,
 ) -> ClaimPlan:
-    """Claim ``applications`` in order on ``partition`` (``stored``: the claims table): a known
-    content hash -- stored, or claimed earlier in the same run -- is answered from its claim, a
-    new one gets the next record id and its ``apply.created`` event."""
-    plan = ClaimPlan(sequence=sequence)
-    for application in applications:
+    """Claim ``applications``, the claim request at ``offset`` of ``partition``, in order
+    (``stored``: the claims table): a known content hash -- stored, or claimed earlier in the
+    same request -- is answered from its claim, a new one gets the id of its slot and its
+    ``apply.created`` event."""
+    if len(applications) > CLAIM_SLOTS:
+        raise ValueError(f"a claim request carries at most {CLAIM_SLOTS} applications")
+    plan = ClaimPlan()
+    for slot, application in enumerate(applications):
         existing = plan.made.get(application.content_hash) or stored(application.content_hash)
         if existing is not None:
             plan.answers.append(answer_existing(existing, application.request_id))
             continue
-        record_id = record_id_for(plan.sequence, partition)
-        plan.sequence += 1
+        record_id = record_id_for(offset, slot, partition)
         plan.events.append(apply_created_for(application, record_id))
         claim = Claim(avcc_record_id=record_id, request_id=application.request_id, claimed_ms=now_ms)
         plan.made[application.content_hash] = claim

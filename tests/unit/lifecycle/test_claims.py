@@ -5,18 +5,19 @@ from __future__ import annotations
 import hashlib
 import uuid
 
+import pytest
+
 from app.lifecycle.code.claims import (
+    CLAIM_SLOTS,
     EVENT_NS,
     ID_BASE,
     ID_STRIDE,
     Claim,
-    ClaimSequence,
     answer_existing,
     application_answer,
     apply_created_for,
     plan_claims,
     record_id_for,
-    sequence_key,
 )
 from app.platform.topics import APPLY_CREATED
 from schemas.application import ApplicationRequest
@@ -25,11 +26,25 @@ HASH = "sha256:" + hashlib.sha256(b"work").hexdigest()
 CLAIM = Claim(avcc_record_id=10_066, request_id="req_1", claimed_ms=5)
 
 
-def test_record_ids_never_collide_across_partitions() -> None:
-    ids = {record_id_for(seq, partition) for seq in range(100) for partition in range(ID_STRIDE)}
-    assert len(ids) == 100 * ID_STRIDE and min(ids) == ID_BASE
-    assert record_id_for(1, 2) == ID_BASE + ID_STRIDE + 2
-    assert sequence_key(3) == "__seq__:3"
+def test_record_ids_never_collide_across_partitions_offsets_or_slots() -> None:
+    ids = {
+        record_id_for(offset, slot, partition)
+        for offset in range(20)
+        for slot in (0, 1, 2, CLAIM_SLOTS - 1)
+        for partition in range(ID_STRIDE)
+    }
+    assert len(ids) == 20 * 4 * ID_STRIDE and min(ids) == ID_BASE
+    assert record_id_for(1, 0, 2) == ID_BASE + CLAIM_SLOTS * ID_STRIDE + 2
+    assert record_id_for(0, 1, 2) == ID_BASE + ID_STRIDE + 2
+    assert record_id_for(10**12, CLAIM_SLOTS - 1, ID_STRIDE - 1) < 2**63  # fits a signed 64-bit id
+
+
+@pytest.mark.parametrize(
+    ("offset", "slot", "partition"), [(-1, 0, 0), (0, CLAIM_SLOTS, 0), (0, 0, ID_STRIDE)]
+)
+def test_no_record_id_outside_the_slots(offset: int, slot: int, partition: int) -> None:
+    with pytest.raises(ValueError, match="no record id"):
+        record_id_for(offset, slot, partition)
 
 
 def test_same_request_gets_its_record_another_a_conflict() -> None:
@@ -60,8 +75,6 @@ def test_same_request_gets_its_record_another_a_conflict() -> None:
 
 def test_claims_are_stored_as_before() -> None:
     assert CLAIM.model_dump_json() == '{"avcc_record_id":10066,"request_id":"req_1","claimed_ms":5}'
-    assert ClaimSequence(3).model_dump_json() == "3"
-    assert ClaimSequence.model_validate_json(b"4").root == 4
 
 
 def test_a_new_claim_emits_apply_created_with_a_stable_id() -> None:
@@ -82,29 +95,49 @@ def test_a_new_claim_emits_apply_created_with_a_stable_id() -> None:
     assert out.envelope.event_id == uuid.uuid5(EVENT_NS, "apply.created:10066")
 
 
-def test_a_run_of_claims_numbers_new_records_and_answers_repeats_from_the_run() -> None:
-    def app(n: int, work: int) -> ApplicationRequest:
-        return ApplicationRequest.model_validate(
-            {
-                "request_id": f"req_{n}",
-                "content_url": "s3://works/clip.mp4",
-                "content_hash": "sha256:" + f"{work:064x}",
-                "ai_tool_info": {"model_name": "m", "model_version": "v1"},
-                "title": "t",
-                "applicant_id": "a",
-            }
-        )
+def _application(n: int, work: int) -> ApplicationRequest:
+    """Application ``req_<n>`` of work number ``work``."""
+    return ApplicationRequest.model_validate(
+        {
+            "request_id": f"req_{n}",
+            "content_url": "s3://works/clip.mp4",
+            "content_hash": "sha256:" + f"{work:064x}",
+            "ai_tool_info": {"model_name": "m", "model_version": "v1"},
+            "title": "t",
+            "applicant_id": "a",
+        }
+    )
 
+
+def test_a_run_of_claims_numbers_new_records_and_answers_repeats_from_the_run() -> None:
     stored = {"sha256:" + f"{9:064x}": Claim(avcc_record_id=42, request_id="req_old", claimed_ms=1)}
-    run = [app(1, 1), app(2, 9), app(1, 1), app(3, 1), app(4, 2)]
-    plan = plan_claims(run, stored.get, sequence=7, partition=3, now_ms=5)
+    run = [_application(1, 1), _application(2, 9), _application(1, 1), _application(3, 1), _application(4, 2)]
+    plan = plan_claims(run, stored.get, offset=7, partition=3, now_ms=5)
     assert [(a.http_status, a.claim.avcc_record_id) for a in plan.answers] == [
-        (202, record_id_for(7, 3)),
+        (202, record_id_for(7, 0, 3)),
         (409, 42),
-        (202, record_id_for(7, 3)),
-        (409, record_id_for(7, 3)),
-        (202, record_id_for(8, 3)),
+        (202, record_id_for(7, 0, 3)),
+        (409, record_id_for(7, 0, 3)),
+        (202, record_id_for(7, 4, 3)),
     ]
-    assert plan.sequence == 9
-    assert [e.avcc_record_id for e in plan.events] == [record_id_for(7, 3), record_id_for(8, 3)]
+    assert [e.avcc_record_id for e in plan.events] == [record_id_for(7, 0, 3), record_id_for(7, 4, 3)]
     assert set(plan.made) == {"sha256:" + f"{1:064x}", "sha256:" + f"{2:064x}"}
+
+
+def test_a_request_processed_again_without_its_claims_gives_the_ids_of_its_first_time() -> None:
+    """A new owner that recovered none of a request's claim writes hands out the same ids for it,
+    and the next request never one of them (a counter in the table did: a duplicate id)."""
+    run = [_application(1, 1), _application(2, 2)]
+    first = plan_claims(run, {}.get, offset=11, partition=5, now_ms=1)
+    again = plan_claims(run, {}.get, offset=11, partition=5, now_ms=2)
+    later = plan_claims([_application(3, 3)], {}.get, offset=12, partition=5, now_ms=3)
+    ids = [e.avcc_record_id for e in first.events]
+    assert [e.avcc_record_id for e in again.events] == ids
+    assert [e.envelope.event_id for e in again.events] == [e.envelope.event_id for e in first.events]
+    assert later.events[0].avcc_record_id not in ids
+
+
+def test_a_request_beyond_the_slots_is_refused() -> None:
+    run = [_application(n, n) for n in range(CLAIM_SLOTS + 1)]
+    with pytest.raises(ValueError, match="at most"):
+        plan_claims(run, {}.get, offset=0, partition=0, now_ms=1)
