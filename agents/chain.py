@@ -23,7 +23,7 @@ from app.lifecycle.chain.transactions import (
     submission_of,
 )
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, KeyedConcurrency, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, KeyedConcurrency, consume_each, now_ms
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
@@ -108,8 +108,11 @@ async def handle_pending(envelope: Envelope[Any]) -> Effects:
 @app.agent(review_results)
 async def notarise_approved(stream: Any) -> None:
     """review.task.finished (approved) -> chain.tx.pending."""
-    async for event in stream.events():
+
+    async def approve(event: Any) -> None:
         await runtime.process(event, handle_review_result, parking=review_parking)
+
+    await consume_each(stream, approve)
 
 
 #: Pending transactions in flight at once: they wait for the same block instead of one block

@@ -28,7 +28,14 @@ from app.lifecycle.code.claims import (
 from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import HEADER_TARGET_GROUP, Effects, GroupRuntime, header_value, now_ms
+from app.platform.faust.runtime import (
+    HEADER_TARGET_GROUP,
+    Effects,
+    GroupRuntime,
+    consume_each,
+    header_value,
+    now_ms,
+)
 from app.platform.http.auth import RequestRefused, authenticate, require_hmac, signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
@@ -97,15 +104,18 @@ claims_topic = app.topic(
 @app.agent(review_source)
 async def repartition_review_finished(stream: Any) -> None:
     """Relay review.task.finished (12 partitions) to the code group's 6-partition inbox."""
-    async for event in stream.events():
+
+    async def relay(event: Any) -> None:
         message = event.message
         target = header_value(message.headers, HEADER_TARGET_GROUP)
         if target is not None and target != b"code":
-            continue
+            return
         headers = list(
             message.headers.items() if isinstance(message.headers, dict) else message.headers or []
         )
         await runtime.producer.send(CODE_REVIEW_FINISHED, message.value, message.key, headers)
+
+    await consume_each(stream, relay)
 
 
 async def handle_record_event(envelope: Envelope[Any]) -> Effects:
@@ -135,9 +145,12 @@ async def handle_record_event(envelope: Envelope[Any]) -> Effects:
 @app.agent(record_inputs)
 async def record_lifecycle(stream: Any) -> None:
     """The record state machine over apply.created, review results and chain receipts."""
-    async for event in stream.events():
+
+    async def apply(event: Any) -> None:
         topic = REVIEW_TASK_FINISHED.name if event.message.topic == CODE_REVIEW_FINISHED.name else None
         await runtime.process(event, handle_record_event, topic=topic, parking=record_parking)
+
+    await consume_each(stream, apply)
 
 
 async def claim_many(

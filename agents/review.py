@@ -20,7 +20,7 @@ from app.api import DECIDE, TASKS
 from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, consume_each, now_ms
 from app.platform.http.openapi import route
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
 from app.platform.http.routing import (
@@ -78,8 +78,11 @@ async def handle_review_input(envelope: Envelope[Any]) -> Effects:
 @app.agent(inputs)
 async def review_tasks(stream: Any) -> None:
     """AI review of applications and human decisions, per record in order."""
-    async for event in stream.events():
+
+    async def review(event: Any) -> None:
         await runtime.process(event, handle_review_input, parking=parking)
+
+    await consume_each(stream, review)
 
 
 @route(app, TASKS)

@@ -21,7 +21,7 @@ from app.lifecycle.settlement.clearing import (
     is_duplicate,
 )
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, consume_each, now_ms
 from app.platform.http.auth import signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
@@ -70,8 +70,11 @@ async def handle_confirmed(envelope: Envelope[Any]) -> Effects:
 @app.agent(confirmed)
 async def track_clearing(stream: Any) -> None:
     """chain.tx.confirmed (settlement) -> clearing status."""
-    async for event in stream.events():
+
+    async def settle(event: Any) -> None:
         await runtime.process(event, handle_confirmed, parking=parking)
+
+    await consume_each(stream, settle)
 
 
 @route(app, SUBMIT_INSTRUCTION)

@@ -57,8 +57,10 @@ __all__ = [
     "GroupRuntime",
     "KeyedConcurrency",
     "Outgoing",
+    "consume_each",
     "header_value",
     "now_ms",
+    "until_done",
 ]
 
 log = logging.getLogger(__name__)
@@ -374,6 +376,38 @@ def _stack(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
 
 
+#: Backoff bounds (seconds) of an event whose processing failed outside the error policy.
+UNDONE_RETRY_S: tuple[float, float] = (0.5, 10.0)
+
+
+async def until_done(work: Callable[[Any], Awaitable[None]], event: Any) -> None:
+    """Run ``work(event)`` until it returns. A failure outside the error policy (the broker
+    unreachable even for the retry topic or the DLQ, a relay that could not produce) is retried
+    in place with backoff, so the event is neither acked unprocessed nor overtaken by later
+    events of its key; the stall watchdog restarts a worker stuck here for ``AVCC_WORKER_STALL_S``."""
+    delay = UNDONE_RETRY_S[0]
+    while True:
+        try:
+            await work(event)
+            return
+        except Exception:
+            log.exception("processing failed outside the error policy; the event is retried in %.1f s", delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, UNDONE_RETRY_S[1])
+
+
+async def consume_each(stream: Any, work: Callable[[Any], Awaitable[None]]) -> None:
+    """Consume ``stream`` one event at a time, acking each only once ``work`` is done with it.
+
+    faust acks the event an agent was on when its loop raised or was cancelled (the stream's
+    ``finally``), which let a failed produce commit an event nobody processed (seen in the
+    scale-out failover: a record issued without its ``review.task.finished`` ever applied)."""
+    quiet = stream.noack()
+    async for event in quiet.events():
+        await until_done(work, event)
+        await quiet.ack(event)
+
+
 class KeyedConcurrency:
     """Processes a stream's events concurrently while keeping per-key order.
 
@@ -403,10 +437,8 @@ class KeyedConcurrency:
         try:
             if previous is not None:
                 await asyncio.wait([previous])
-            await work(event)
+            await until_done(work, event)
             await stream.ack(event)
-        except Exception:  # left unacked: its offset is never committed, so it is redelivered
-            log.exception("processing failed outside the error policy; the event stays unacked")
         finally:
             self._slots.release()
 
