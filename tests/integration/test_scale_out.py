@@ -11,6 +11,7 @@ record, decision and settlement questions and compares the answers.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,13 +20,23 @@ from typing import Any
 
 import aiohttp
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from app.api import APPLY
 from app.lifecycle.chain.ledger import verify_ledger
+from app.ops.lag.reader import OffsetReader
+from app.platform.faust.app import consumer_group_id
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
-from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
+from app.platform.topics import (
+    APPLY_CREATED,
+    CHAIN_TX_CONFIRMED,
+    CHAIN_TX_PENDING,
+    CODE_REVIEW_FINISHED,
+    REVIEW_TASK_FINISHED,
+    TOPIC_PLAN,
+)
 from app.servers import KafkaCluster
 from tests.integration.stack import CORE_GROUPS, Stack, application, issued_exactly_once, record_when
 from tests.unit.lifecycle.applications import SETTLEMENT_INSTRUCTION
@@ -196,6 +207,62 @@ async def replies_dropped(stack: Stack) -> float:
     return total
 
 
+#: The input topics of each core group whose committed offsets explain a record that stopped.
+GROUP_INPUTS = {
+    "review": (APPLY_CREATED,),
+    "code": (APPLY_CREATED, REVIEW_TASK_FINISHED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED),
+    "chain": (REVIEW_TASK_FINISHED,),
+}
+
+
+def uncommitted(cluster: KafkaCluster) -> list[str]:
+    """Every partition of the groups' inputs with committed offset below its end: where a stuck
+    record's event was lost (committed past it) or is still unread (committed below it)."""
+    reader = OffsetReader(Settings(kafka_url=f"kafka://{cluster.bootstrap}"))
+    try:
+        found = []
+        for group, specs in GROUP_INPUTS.items():
+            tps = [(spec.name, p) for spec in specs for p in range(spec.partitions)]
+            for offsets in reader.group_offsets(consumer_group_id(group), tps):
+                if offsets.lag:
+                    found.append(
+                        f"{group} {offsets.topic}[{offsets.partition}] {offsets.committed}/{offsets.end}"
+                    )
+        return found
+    finally:
+        reader.close()
+
+
+def event_trail(cluster: KafkaCluster, failure: str) -> list[str]:
+    """Where the events of the record a failure names sit (topic[partition]@offset): the hop
+    that lost it is the first topic without one."""
+    found = re.search(r"record (\d+)", failure)
+    if found is None:
+        return []
+    key = found.group(1).encode()
+    topics = [APPLY_CREATED, REVIEW_TASK_FINISHED, CODE_REVIEW_FINISHED, CHAIN_TX_PENDING, CHAIN_TX_CONFIRMED]
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"trail-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    trail: list[str] = []
+    try:
+        for spec in topics:
+            consumer.assign([TopicPartition(spec.name, p, OFFSET_BEGINNING) for p in range(spec.partitions)])
+            idle = time.monotonic()
+            while time.monotonic() - idle < 2:
+                batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+                if batch:
+                    idle = time.monotonic()
+                trail += [f"{m.topic()}[{m.partition()}]@{m.offset()}" for m in batch if m.key() == key]
+    finally:
+        consumer.close()
+    return trail
+
+
 def ledger_transactions(stack: Stack) -> int:
     """Transactions on every chain replica's ledger (created on its first transaction), each
     ledger verified intact."""
@@ -235,7 +302,12 @@ async def test_failover_under_load_loses_duplicates_and_refuses_nothing(
     try:
         await issued_exactly_once(stack, issued_ids)
     except (AssertionError, aiohttp.ClientError) as exc:
-        raise AssertionError(f"not every record issued once ({exc}); worker exits: {stack.exits}") from exc
+        lag = await asyncio.to_thread(uncommitted, module_kafka_cluster)
+        trail = await asyncio.to_thread(event_trail, module_kafka_cluster, str(exc))
+        raise AssertionError(
+            f"not every record issued once ({exc}); worker exits: {stack.exits}; uncommitted: {lag}; "
+            f"events of the stuck record: {trail}"
+        ) from exc
     all_issued_after_s = time.monotonic() - start
     assert ledger_transactions(stack) - txs_before == APPLICATIONS, "a failover lost or doubled a transaction"
     exits = sorted((group, index) for group, index, _ in stack.exits)
