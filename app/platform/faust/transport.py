@@ -25,6 +25,15 @@ faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need 
   messages); the partition is then fetched again from the head. Every effect of the pipeline
   is safe to replay (duplicates are dropped by event id), and a head a stream still works on
   (the chain submitter acks keys out of order) is never re-fetched.
+* **A partition whose committed offset is unknown**: faust learns a partition's committed offset
+  when it seeks to it after an assignment, and records none when the group has not committed
+  one, or when the lookup found none (a coordinator moving in a failover). It then committed the
+  first acked run, wherever it started (seen: a restarted code replica got
+  ``review.task.finished[4]`` committed at 1, first processed offsets 14 and 15 and committed
+  16, so 1..13 were never relayed: records issued without their review result). Here nothing is
+  committed for such a partition until its start is known -- the group's committed offset from
+  the broker, else the partition's first offset --; a run that does not begin there waits for
+  its head, which the head watch fetches again.
 * **Flush before a commit**: faust flushes the producer before it commits offsets, but its
   buffer's flush returns as soon as no buffered message is sent within 0.1 s (a broker failover
   stalls them for seconds), and a refused changelog write is only logged. A commit could then
@@ -191,10 +200,53 @@ class _Consumer(faust_aiokafka.Consumer):
         tps = set(self._acked) | set(self.assignment())
         return (tp for tp in tps if topics is None or tp in topics or tp.topic in topics)
 
+    @cached_property
+    def _start_lookups(self) -> dict[Any, asyncio.Future[None]]:
+        """Per partition: the lookup of its committed offset in flight (kept referenced)."""
+        return {}
+
+    def _look_up_start(self, tp: Any) -> None:
+        """Start finding where ``tp``'s processing starts (once per partition at a time)."""
+        if tp in self._start_lookups:
+            return
+        task = asyncio.ensure_future(self._learn_start(tp))
+        self._start_lookups[tp] = task
+        task.add_done_callback(lambda _: self._start_lookups.pop(tp, None))
+
+    async def _learn_start(self, tp: Any) -> None:
+        """Take ``tp``'s committed offset from the broker (its first offset if it has none) as
+        the offset its commits must start from; acks below it are already committed."""
+        try:
+            start = await self._partition_start(tp)
+        except Exception as exc:  # the coordinator is moving: asked again at the next commit
+            log.info("%s[%d]: committed offset unknown for now (%s)", tp.topic, tp.partition, exc)
+            return
+        if tp not in self.assignment() or self._committed_offset[tp] is not None:
+            return
+        with ack_lock:
+            self._committed_offset[tp] = start
+            below = [offset for offset in self._acked[tp] if offset < start]
+            self._acked[tp][:] = [offset for offset in self._acked[tp] if offset >= start]
+            self._acked_index[tp].difference_update(below)
+        log.info("%s[%d]: commits start from offset %d", tp.topic, tp.partition, start)
+
+    async def _partition_start(self, tp: Any) -> int:
+        """The group's committed offset of ``tp``, or its first offset if it never committed."""
+        thread = self._thread
+        consumer = thread._ensure_consumer()
+        committed = await thread.call_thread(consumer.committed, faust_aiokafka.ensure_aiokafka_TP(tp))
+        if committed is not None:
+            return int(committed)
+        earliest = await thread.earliest_offsets(tp)
+        return int(next(iter(earliest.values())))
+
     def _new_offset(self, tp: Any) -> int | None:
         """The offset to commit: one past the acked run that starts at the committed offset."""
         acked: list[int] = self._acked[tp]
         committed = self._committed_offset[tp]
+        if committed is None and acked and tp.topic in self.app.topics.acking_topics:
+            self._look_up_start(tp)
+            return None  # where the run must start is unknown: nothing is committed yet
         if not acked:
             if committed is not None and tp.topic in self.app.topics.acking_topics:
                 self._watch_head(tp, committed, later_acked=False)

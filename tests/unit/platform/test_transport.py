@@ -197,3 +197,71 @@ async def test_a_head_not_read_or_held_back_is_left_alone(
         getattr(consumer, held_back).add(tp)
     assert await _seeks_after(consumer, seeks, clock, 0) == []
     assert await _seeks_after(consumer, seeks, clock, 10 * transport.HEAD_RESEEK_S) == []
+
+
+@pytest.fixture
+def broker_start(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The committed offset the broker reports for the partition (settable), and the count of lookups."""
+    answer = [1]
+    lookups: list[int] = []
+
+    async def partition_start(_tp: TP) -> int:
+        lookups.append(answer[0])
+        return answer[0]
+
+    monkeypatch.setattr(consumer, "_partition_start", partition_start)
+    consumer._start_lookups.clear()
+    return lookups
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_nothing_is_committed_before_the_partition_start_is_known(
+    consumer: Any, seeks: list[Any], clock: list[float], broker_start: list[int]
+) -> None:
+    """Seen in the scale-out failover: a restarted replica knew no committed offset of
+    ``review.task.finished[4]`` (the group's was 1), processed 14 and 15 first and committed 16:
+    1..13 were never relayed. Now the commits wait for the start, and the head watch fetches it."""
+    for offset in (14, 15):
+        consumer.ack(FakeMessage(offset=offset, generation_id=7))
+    assert consumer._new_offset(tp) is None
+    await _settle()
+    assert broker_start == [1] and consumer._committed_offset[tp] == 1
+    assert await _seeks_after(consumer, seeks, clock, 0) == []
+    assert await _seeks_after(consumer, seeks, clock, transport.HEAD_RESEEK_S) == [(tp, 1)]
+    for offset in range(1, 14):  # fetched again and processed
+        consumer.ack(FakeMessage(offset=offset, generation_id=7))
+    assert consumer._new_offset(tp) == 16
+
+
+async def test_acks_below_the_learned_start_are_dropped(
+    consumer: Any, seeks: list[Any], broker_start: list[int]
+) -> None:
+    for offset in (0, 1, 2):
+        consumer.ack(FakeMessage(offset=offset, generation_id=7))
+    assert consumer._new_offset(tp) is None
+    await _settle()
+    assert consumer._committed_offset[tp] == 1 and consumer._acked[tp] == [1, 2]
+    assert consumer._new_offset(tp) == 3
+
+
+async def test_a_failed_lookup_is_asked_again_at_the_next_commit(
+    consumer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    async def coordinator_moving(_tp: TP) -> int:
+        calls.append(1)
+        raise RuntimeError("NOT_COORDINATOR")
+
+    monkeypatch.setattr(consumer, "_partition_start", coordinator_moving)
+    monkeypatch.setattr(consumer, "assignment", lambda: {tp})
+    consumer._start_lookups.clear()
+    consumer.ack(FakeMessage(offset=5, generation_id=7))
+    for _ in range(2):
+        assert consumer._new_offset(tp) is None
+        await _settle()
+    assert len(calls) == 2 and consumer._committed_offset[tp] is None
