@@ -284,3 +284,10 @@ HEAD_RESEEKS = Counter(
     registry=REGISTRY,
 )
 __all__ += ["HEAD_RESEEKS"]
+FETCH_SKIPS = Counter(
+    "avcc_consumer_fetch_skips_total",
+    "Offsets a fetch jumped over on a stream topic (never taken as processed: fetched again)",
+    ["app", "topic"],
+    registry=REGISTRY,
+)
+__all__ += ["FETCH_SKIPS"]

@@ -34,6 +34,12 @@ faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need 
   committed for such a partition until its start is known -- the group's committed offset from
   the broker, else the partition's first offset --; a run that does not begin there waits for
   its head, which the head watch fetches again.
+* **Offsets a fetch jumped over**: faust takes a jump in the offsets it fetches for a partition
+  for a gap the broker never delivers (compaction, transaction markers) and counts it as acked.
+  No stream topic here is compacted or transactional, so a jump is messages the fetch skipped
+  (seen: ``apply.created[1]`` read 3, then 17, and 4..16 were committed unprocessed: a record
+  stayed ``submitted``). They stay unacked here and the head watch fetches them again; only a
+  head that retention already deleted is skipped over.
 * **Flush before a commit**: faust flushes the producer before it commits offsets, but its
   buffer's flush returns as soon as no buffered message is sent within 0.1 s (a broker failover
   stalls them for seconds), and a refused changelog write is only logged. A commit could then
@@ -63,7 +69,7 @@ from faust.types.tuples import ack_lock
 from faust.utils.functional import consecutive_numbers
 from mode.utils.objects import cached_property
 
-from app.platform.metrics import HEAD_RESEEKS
+from app.platform.metrics import FETCH_SKIPS, HEAD_RESEEKS
 
 __all__ = [
     "EARLY_ANSWER_FETCH_MAX_WAIT_MS",
@@ -191,8 +197,33 @@ class _Consumer(faust_aiokafka.Consumer):
             task.add_done_callback(self._head_seeks.discard)
 
     async def _seek_head(self, tp: Any, head: int) -> None:
-        if tp in self.assignment():
-            await self.seek(tp, head)
+        """Fetch ``tp`` again from ``head``; a head retention already deleted is skipped over."""
+        if tp not in self.assignment():
+            return
+        earliest = await self._earliest_offset(tp)
+        if earliest > head:  # nothing to fetch again: the range counts as done
+            self._gap[tp].addi(head, earliest)
+            return
+        await self.seek(tp, head)
+
+    async def _earliest_offset(self, tp: Any) -> int:
+        """The first offset ``tp`` still holds."""
+        earliest = await self._thread.earliest_offsets(tp)
+        return int(next(iter(earliest.values())))
+
+    async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
+        """A fetch that jumped over offsets of a stream topic: faust counted them as acked
+        (compaction, transaction markers), but no stream topic here is compacted or written in
+        transactions, so they are messages the fetch skipped. They stay unacked, and the head
+        watch fetches them again."""
+        log.warning(
+            "%s[%d]: fetched offset %d right after %d: not taking the offsets between as processed",
+            tp.topic,
+            tp.partition,
+            offset_to,
+            offset_from - 1,
+        )
+        FETCH_SKIPS.labels(str(self.app.conf.id), tp.topic).inc(max(0, offset_to - offset_from))
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Any:
         """faust's partitions with acks, plus every assigned one: a partition whose only message

@@ -94,6 +94,14 @@ async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consume
     assert consumer._read_offset[tp] is None
 
 
+#: The first offset the partition still holds (retention deleted those below it).
+EARLIEST = [0]
+
+
+async def earliest_offset(_tp: TP) -> int:
+    return EARLIEST[0]
+
+
 @pytest.fixture
 def seeks(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[TP, int]]:
     """Seeks the head watch starts; the partition assigned, flowing, fetched up to offset 40."""
@@ -105,6 +113,7 @@ def seeks(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[TP, int]
     monkeypatch.setattr(consumer, "seek", seek)
     monkeypatch.setattr(consumer, "assignment", lambda: {tp})
     monkeypatch.setattr(consumer, "highwater", lambda _tp: 40)
+    monkeypatch.setattr(consumer, "_earliest_offset", earliest_offset)
     consumer._head_missing_since.clear()
     consumer._paused_partitions.clear()
     consumer._buffered_partitions.clear()
@@ -265,3 +274,33 @@ async def test_a_failed_lookup_is_asked_again_at_the_next_commit(
         assert consumer._new_offset(tp) is None
         await _settle()
     assert len(calls) == 2 and consumer._committed_offset[tp] is None
+
+
+async def test_offsets_a_fetch_jumped_over_stay_unacked_and_are_fetched_again(
+    consumer: Any, seeks: list[Any], clock: list[float]
+) -> None:
+    """Seen in the scale-out failover: ``apply.created[1]`` read 3, then 17; faust counted 4..16
+    as a gap the broker never delivers and committed them unprocessed (a record stayed submitted)."""
+    consumer._committed_offset[tp] = 4
+    await consumer._add_gap(tp, 4, 17)
+    consumer.ack(FakeMessage(offset=17, generation_id=7))
+    assert not consumer._gap[tp]
+    assert await _seeks_after(consumer, seeks, clock, 0) == []
+    assert await _seeks_after(consumer, seeks, clock, transport.HEAD_RESEEK_S) == [(tp, 4)]
+    for offset in range(4, 17):
+        consumer.ack(FakeMessage(offset=offset, generation_id=7))
+    assert consumer._new_offset(tp) == 18
+
+
+async def test_a_head_retention_deleted_is_skipped_over(
+    consumer: Any, seeks: list[Any], clock: list[float]
+) -> None:
+    EARLIEST[0] = 30
+    try:
+        consumer._committed_offset[tp] = 20
+        consumer.ack(FakeMessage(offset=30, generation_id=7))
+        assert await _seeks_after(consumer, seeks, clock, 0) == []
+        assert await _seeks_after(consumer, seeks, clock, transport.HEAD_RESEEK_S) == []
+        assert consumer._new_offset(tp) == 31
+    finally:
+        EARLIEST[0] = 0
