@@ -20,7 +20,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from app.api import APPLY
 from app.lifecycle.chain.ledger import verify_ledger
@@ -39,6 +38,7 @@ from app.platform.topics import (
 )
 from app.servers import KafkaCluster
 from tests.integration.stack import CORE_GROUPS, Stack, application, issued_exactly_once, record_when
+from tests.integration.test_lifecycle import _read_all
 from tests.unit.lifecycle.applications import SETTLEMENT_INSTRUCTION
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -241,26 +241,8 @@ def event_trail(cluster: KafkaCluster, failure: str) -> list[str]:
         return []
     key = found.group(1).encode()
     topics = [APPLY_CREATED, REVIEW_TASK_FINISHED, CODE_REVIEW_FINISHED, CHAIN_TX_PENDING, CHAIN_TX_CONFIRMED]
-    consumer = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": f"trail-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
-    )
-    trail: list[str] = []
-    try:
-        for spec in topics:
-            consumer.assign([TopicPartition(spec.name, p, OFFSET_BEGINNING) for p in range(spec.partitions)])
-            idle = time.monotonic()
-            while time.monotonic() - idle < 2:
-                batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-                if batch:
-                    idle = time.monotonic()
-                trail += [f"{m.topic()}[{m.partition()}]@{m.offset()}" for m in batch if m.key() == key]
-    finally:
-        consumer.close()
-    return trail
+    messages = _read_all(cluster.bootstrap, [spec.name for spec in topics])
+    return [f"{m.topic()}[{m.partition()}]@{m.offset()}" for m in messages if m.key() == key]
 
 
 def ledger_transactions(stack: Stack) -> int:

@@ -268,8 +268,7 @@ class _Consumer(faust_aiokafka.Consumer):
         committed = await thread.call_thread(consumer.committed, faust_aiokafka.ensure_aiokafka_TP(tp))
         if committed is not None:
             return int(committed)
-        earliest = await thread.earliest_offsets(tp)
-        return int(next(iter(earliest.values())))
+        return await self._earliest_offset(tp)
 
     def _new_offset(self, tp: Any) -> int | None:
         """The offset to commit: one past the acked run that starts at the committed offset."""
