@@ -178,6 +178,28 @@ def chain_verify(path: Path | None) -> None:
     sys.exit(verify_ledger_cli(path))
 
 
+@chain.command("node")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=6075, show_default=True, type=int, help="Port to listen on.")
+@click.option("--path", type=click.Path(path_type=Path), default=None, help="Ledger directory.")
+def chain_node(host: str, port: int, path: Path | None) -> None:
+    """Serve the local ledger to every chain replica (they use AVCC_CHAIN_URL=ledger://host:port);
+    requires AVCC_CHAIN_NODE_TOKEN."""
+    import asyncio
+    import logging
+
+    from app.lifecycle.chain.node import run_ledger_node
+    from app.platform.settings import get_settings
+
+    settings = get_settings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if settings.chain_node_token is None:
+        raise click.UsageError("set AVCC_CHAIN_NODE_TOKEN: chain replicas authenticate with it")
+    ledger = path if path is not None else settings.resolve_data_path("ledger")
+    token = settings.chain_node_token.get_secret_value()
+    asyncio.run(run_ledger_node(ledger, host, port, token, settings.block_interval_ms))
+
+
 @chain.command("deploy")
 def chain_deploy() -> None:
     """Deploy AvccRegistry to AVCC_CHAIN_URL, signed by AVCC_CHAIN_KEY_FILE; print its address."""

@@ -110,9 +110,16 @@ class Settings(BaseSettings):
     block_interval_ms: int = Field(100, description="Local ledger block interval.")
     chain_url: str = Field(
         "local://",
-        description="Chain backend of the chain group: `local://` = the local hash-chain ledger; "
+        description="Chain backend of the chain group: `local://` = the local hash-chain ledger "
+        "(one chain worker); `ledger://host:port` = a ledger node (`avcc chain node`) shared by "
+        "every chain replica; "
         "`http(s)://host:port` = an EVM JSON-RPC node (FISCO BCOS, ChainMaker, Ethereum-compatible) "
         "running the AvccRegistry contract.",
+    )
+    chain_node_token: SecretStr | None = Field(
+        None,
+        description="Bearer token of the ledger node (`avcc chain node` requires it, and chain "
+        "replicas send it with `AVCC_CHAIN_URL=ledger://...`).",
     )
     chain_contract: str | None = Field(
         None,
@@ -167,6 +174,13 @@ class Settings(BaseSettings):
         for name, password in users.items():
             refuse_weak_secret(f"AVCC_OPERATOR_USERS[{name!r}]", password.get_secret_value())
         return users
+
+    @field_validator("chain_node_token")
+    @classmethod
+    def _strong_node_token(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None:
+            refuse_weak_secret("AVCC_CHAIN_NODE_TOKEN", token.get_secret_value())
+        return token
 
     @field_validator("avcc_org", "avcc_node")
     @classmethod

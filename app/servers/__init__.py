@@ -1,4 +1,5 @@
-"""Locally managed servers (Tansu, Apache Kafka in KRaft mode, ClickHouse) for tests and the dev stack."""
+"""Locally managed servers (Tansu, Apache Kafka in KRaft mode, ClickHouse, the ledger node) for tests
+and the dev stack."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from app.servers.kafka import (
     kafka_libs_ready,
 )
 from app.servers.kafka_cluster import KafkaCluster, KafkaClusterNode
+from app.servers.ledger_node import LedgerNode
 from app.servers.process import (
     LOOPBACK,
     ManagedProcess,
@@ -29,6 +31,7 @@ __all__ = [
     "KafkaCluster",
     "KafkaClusterNode",
     "KafkaKRaftBroker",
+    "LedgerNode",
     "ManagedProcess",
     "ManagedServer",
     "ServerNotInstalled",

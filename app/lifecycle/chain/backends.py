@@ -1,4 +1,4 @@
-"""Chooses the chain group's backend from ``AVCC_CHAIN_URL``: the local ledger or an EVM node."""
+"""Chooses the chain group's backend from ``AVCC_CHAIN_URL``: local ledger, ledger node or EVM node."""
 
 from __future__ import annotations
 
@@ -12,21 +12,30 @@ __all__ = ["backend_kind", "open_backend"]
 
 
 def backend_kind(settings: Settings) -> str:
-    """``"local"`` or ``"evm"`` (``ConfigurationError`` for any other URL scheme)."""
+    """``"local"``, ``"node"`` or ``"evm"`` (``ConfigurationError`` for any other URL scheme)."""
     scheme = urlparse(settings.chain_url).scheme
     if scheme == "local":
         return "local"
+    if scheme == "ledger":
+        return "node"
     if scheme in {"http", "https"}:
         return "evm"
     raise ConfigurationError(
-        f"AVCC_CHAIN_URL must be local:// or http(s)://host:port, got {settings.chain_url!r}"
+        "AVCC_CHAIN_URL must be local://, ledger://host:port or http(s)://host:port, "
+        f"got {settings.chain_url!r}"
     )
 
 
 def open_backend(settings: Settings) -> ChainBackend:
     """The configured backend; web3 is imported only for the EVM one (it is slow to import)."""
-    if backend_kind(settings) == "local":
+    kind = backend_kind(settings)
+    if kind == "local":
         return LocalLedger(settings.resolve_data_path("ledger"), settings.block_interval_ms)
+    if kind == "node":
+        from app.lifecycle.chain.remote import RemoteLedger
+
+        token = settings.chain_node_token.get_secret_value() if settings.chain_node_token else ""
+        return RemoteLedger("http://" + urlparse(settings.chain_url).netloc, token)
     from app.lifecycle.chain.evm import EvmBackend
 
     return EvmBackend.from_settings(settings)
