@@ -101,9 +101,17 @@ def _derive_status(state: RecordState) -> RecordStatus:
 
 
 def _maybe_issue(state: RecordState, org: str, node: str) -> RecordState:
-    """Issue the AVCC code once: after a successful copyright_main confirmation, with the
-    application known (its content hash is part of the code body)."""
-    if state.avcc_code is None and state.chain_status == "success" and state.content_hash:
+    """Issue the AVCC code once every fact it stands for is known: the application (its content
+    hash is part of the code body), the approving review and the successful copyright_main
+    confirmation. The three arrive on different topics in any order (a chain receipt can overtake
+    the review result on its repartition hop), so whichever comes last issues the code, and an
+    issued record always shows its review."""
+    if (
+        state.avcc_code is None
+        and state.chain_status == "success"
+        and state.decision == "approved"
+        and state.content_hash
+    ):
         code = issue_code(state.avcc_record_id, state.content_hash, org, node)
         return state.model_copy(update={"avcc_code": code})
     return state

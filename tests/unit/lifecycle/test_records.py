@@ -1,10 +1,23 @@
-"""Record lifecycle dedup: event ids are remembered as long as the record's inputs keep events."""
+"""Record lifecycle: dedup by event id, and one code whatever order the record's events arrive in."""
 
 from __future__ import annotations
 
-from app.lifecycle.code.records import SEEN, apply_created, is_duplicate
+import itertools
+from typing import Any
+
+from app.lifecycle.code.records import (
+    SEEN,
+    RecordState,
+    apply_created,
+    is_duplicate,
+    review_finished,
+    tx_confirmed,
+)
 from app.platform.topics import DAY_MS
-from tests.unit.lifecycle.applications import applied
+from schemas.chain import ChainTxConfirmed
+from schemas.envelope import Envelope, make_envelope
+from schemas.review import ReviewTaskFinished
+from tests.unit.lifecycle.applications import GOOD_HASH, applied
 
 
 def test_ids_kept_as_long_as_chain_receipts_are() -> None:
@@ -14,3 +27,74 @@ def test_ids_kept_as_long_as_chain_receipts_are() -> None:
     assert is_duplicate(state, first) and not is_duplicate(state, second)
     later = apply_created(state, second, 30 * DAY_MS, "1", "1")
     assert not is_duplicate(later, first) and is_duplicate(later, second)
+
+
+def reviewed(decision: str = "approved") -> Envelope[ReviewTaskFinished]:
+    """The review result of :func:`applied`'s record."""
+    payload = ReviewTaskFinished(
+        request_id="req_1",
+        avcc_record_id=10042,
+        review_report_id=1,
+        decision=decision,
+        final_level="O",
+        overall_score=97.5,
+        report_hash=GOOD_HASH,
+    )
+    return make_envelope(payload, source="review-svc")
+
+
+def confirmed(status: str = "success") -> Envelope[ChainTxConfirmed]:
+    """The copyright_main receipt of :func:`applied`'s record."""
+    payload = ChainTxConfirmed(
+        avcc_record_id=10042,
+        chain_type="copyright_main",
+        tx_hash="0x" + "ab" * 32,
+        block_height=12,
+        status=status,
+        crd_address="0x" + "cd" * 20,
+        idempotency_key="copyright_main:10042",
+        error=None if status == "success" else "reverted",
+    )
+    return make_envelope(payload, source="chain-svc")
+
+
+def replay(events: list[tuple[str, Envelope[Any]]]) -> list[RecordState]:
+    """Every state of the record as ``events`` arrive (each transition from the previous state)."""
+    steps = {"apply": apply_created, "review": review_finished, "chain": tx_confirmed}
+    state: RecordState | None = None
+    states = []
+    for at, (kind, envelope) in enumerate(events):
+        state = steps[kind](state, envelope, at, "10005", "8361")
+        states.append(state)
+    return states
+
+
+def test_every_arrival_order_issues_one_code_with_the_review_shown() -> None:
+    events = [("apply", applied()), ("review", reviewed()), ("chain", confirmed())]
+    finals = []
+    for order in itertools.permutations(events):
+        states = replay(list(order))
+        for state in states[:-1]:  # not before the last fact arrived
+            assert state.avcc_code is None and state.status != "issued", state
+        final = states[-1]
+        assert final.status == "issued" and final.decision == "approved" and final.avcc_code
+        assert sorted(h.event for h in final.history) == [
+            "apply.created",
+            "chain.tx.confirmed",
+            "review.task.finished",
+        ]
+        finals.append(final.avcc_code)
+    assert len(set(finals)) == 1
+
+
+def test_a_chain_receipt_before_the_review_waits_for_the_approval() -> None:
+    [*_, state] = replay([("apply", applied()), ("chain", confirmed())])
+    assert state.avcc_code is None and state.chain_status == "success" and state.status == "submitted"
+    [*_, rejected] = replay([("apply", applied()), ("chain", confirmed()), ("review", reviewed("rejected"))])
+    assert rejected.avcc_code is None and rejected.status == "rejected"
+
+
+def test_a_replayed_event_changes_nothing() -> None:
+    apply, review, chain = applied(), reviewed(), confirmed()
+    [*_, issued] = replay([("apply", apply), ("review", review), ("chain", chain)])
+    assert all(is_duplicate(issued, e) for e in (apply, review, chain))
