@@ -203,7 +203,7 @@ class Applications(faust.web.View):
         try:
             reply = await asyncio.wait_for(ask_claim(application), CLAIM_TIMEOUT_S)
         except TimeoutError:
-            return json_error(503, "claim timed out; retry with the same request_id")
+            return json_error(503, "claim timed out; retry with the same request_id", retry_after_s=1)
         status, answer = application_answer(application.request_id, reply)
         return json_response(answer, status)
 
