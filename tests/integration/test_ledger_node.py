@@ -6,6 +6,7 @@ A real node process on loopback; two ``RemoteLedger`` clients stand for two chai
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.error
 import urllib.request
 import uuid
@@ -122,6 +123,15 @@ def test_bad_documents_and_unsigned_posts_are_refused(node: LedgerNode) -> None:
     assert [refused_status(url, body, signed) for body in bodies] == [400, 400, 400, 400, 400, 400, 413]
     assert refused_status(url, head + b', "body": {}}', {}) == 401
     assert transactions(node) == before
+    with urllib.request.urlopen(node.url + "/metrics", timeout=5) as scrape:
+        metrics = scrape.read().decode()
+    counted = {
+        status: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(f'avcc_http_requests_total{{method="POST",route="{TRANSACTIONS_PATH}"')
+        for status in re.findall(r'status="(\d+)"', line)
+    }
+    assert counted["400"] >= 6 and counted["413"] >= 1 and counted["401"] >= 1, counted
 
 
 async def test_an_unreachable_node_is_a_retriable_failure() -> None:

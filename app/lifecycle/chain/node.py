@@ -6,12 +6,13 @@ lost the partition before it recorded the receipt, is submitted again by the new
 different ledger, so it would be notarised twice. Served by one node, a key is notarised once
 whoever submits it, exactly as on an EVM chain, whose contract refuses a second registration.
 
-Routes (all but ``/health`` need ``Authorization: Bearer <AVCC_CHAIN_NODE_TOKEN>``):
+Routes (all but ``/health`` and ``/metrics`` need ``Authorization: Bearer <AVCC_CHAIN_NODE_TOKEN>``):
 
 * ``POST /v1/ledger/transactions``: a transaction document -> its receipt once sealed in a
   block (a known key answers the original receipt at once).
 * ``GET /v1/ledger/receipts/{idempotency_key}``: the receipt of a sealed key, or 404.
-* ``GET /health``: the tip height.
+* ``GET /health``: the tip height; ``GET /metrics``: Prometheus text, every answer counted in
+  ``avcc_http_requests_total`` (refusals included) as on the workers.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import signal
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
 from aiohttp import web
+from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.lifecycle.chain.blocks import PendingTx
 from app.lifecycle.chain.ledger import LocalLedger
 from app.platform.errors import DependencyUnavailable, SchemaViolation
+from app.platform.http.counting import UNCOUNTED_ROUTES, count_requests
+from app.platform.http.responses import json_error, json_response
+from app.platform.http.views import METRICS_CONTENT_TYPE
+from app.platform.metrics import REGISTRY
 from schemas.types import ChainType
 
 __all__ = [
@@ -65,17 +70,13 @@ class TransactionDocument(BaseModel):
         return PendingTx(self.idempotency_key, self.chain_type, self.avcc_record_id, self.body)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, dumps=lambda d: orjson.dumps(d).decode())
-
-
 @web.middleware
 async def _bearer_token(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every route but ``/health`` needs the node's token (compared in constant time)."""
-    if request.path != "/health":
+    """Every route but the probe and the scrape needs the node's token (constant-time compare)."""
+    if request.path not in UNCOUNTED_ROUTES:
         supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
         if not hmac.compare_digest(supplied, request.app[_TOKEN].encode()):
-            return _error(401, "missing or wrong bearer token")
+            return json_error(401, "missing or wrong bearer token", reason="token")
     response: web.StreamResponse = await handler(request)
     return response
 
@@ -84,40 +85,46 @@ async def _submit(request: web.Request) -> web.Response:
     try:
         document = TransactionDocument.model_validate_json(await request.read())
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"transaction document over {MAX_BODY_BYTES} bytes")
+        return json_error(413, f"transaction document over {MAX_BODY_BYTES} bytes", reason="too_large")
     except ValidationError as exc:
-        return _error(400, f"not a transaction document: {exc.errors(include_url=False)}")
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        return json_error(400, "not a transaction document", reason="schema", details=errors)
     try:
         receipt = await request.app[_LEDGER].submit(document.pending_tx())
     except SchemaViolation as exc:
-        return _error(400, str(exc))
+        return json_error(400, str(exc), reason="schema")
     except DependencyUnavailable as exc:
         log.error("ledger write failed: %s", exc)
-        return _error(503, "ledger write failed; retry")
-    return web.json_response(receipt.to_json())
+        return json_error(503, "ledger write failed; retry", retry_after_s=1)
+    return json_response(receipt.to_json())
 
 
 async def _receipt(request: web.Request) -> web.Response:
     receipt = request.app[_LEDGER].receipt(request.match_info["key"])
     if receipt is None:
-        return _error(404, "no transaction with this idempotency key")
-    return web.json_response(receipt.to_json())
+        return json_error(404, "no transaction with this idempotency key")
+    return json_response(receipt.to_json())
 
 
 async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "height": request.app[_LEDGER].height})
+    return json_response({"status": "ok", "height": request.app[_LEDGER].height})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 def ledger_node_app(ledger: LocalLedger, token: str) -> web.Application:
     """The node's aiohttp application over an open ``ledger``."""
     if not token:
         raise ValueError("the ledger node needs a token")
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_bearer_token])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[count_requests, _bearer_token])
     app[_LEDGER] = ledger
     app[_TOKEN] = token
     app.router.add_post(TRANSACTIONS_PATH, _submit)
     app.router.add_get(RECEIPTS_PATH + "/{key}", _receipt)
     app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
     return app
 
 
