@@ -40,6 +40,15 @@ faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need 
   (seen: ``apply.created[1]`` read 3, then 17, and 4..16 were committed unprocessed: a record
   stayed ``submitted``). They stay unacked here and the head watch fetches them again; only a
   head that retention already deleted is skipped over.
+* **Fetches that jump ahead are not delivered**: a fetch can return a partition's messages from
+  past where its last delivered message (or the seek) left it (seen: ``claims[0]`` read up to 2,
+  then 15). Delivering them let later messages overtake earlier ones of the same key: a retried
+  application at offset 18 was claimed before the original request at offset 7, whose first
+  owner had emitted its ``apply.created`` and then died, so one work got two records. Such
+  messages are dropped and the partition is fetched again from the expected offset, so every
+  stream topic is processed in offset order; only a range retention already deleted is skipped
+  (and after :data:`MAX_REWINDS` rewinds to the same offset the jump is let through, leaving the
+  skipped offsets to the head watch below).
 * **Flush before a commit**: faust flushes the producer before it commits offsets, but its
   buffer's flush returns as soon as no buffered message is sent within 0.1 s (a broker failover
   stalls them for seconds), and a refused changelog write is only logged. A commit could then
@@ -75,6 +84,7 @@ __all__ = [
     "EARLY_ANSWER_FETCH_MAX_WAIT_MS",
     "FETCH_MAX_WAIT_MS",
     "HEAD_RESEEK_S",
+    "MAX_REWINDS",
     "SCHEME",
     "Transport",
     "fetch_max_wait_ms",
@@ -91,6 +101,8 @@ EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
 #: Longer than a message legitimately waits in a stream's buffer, shorter than the stall
 #: watchdog's restart (``AVCC_WORKER_STALL_S``, 120 s).
 HEAD_RESEEK_S = 15.0
+#: Rewinds to one offset after which a fetch that keeps jumping past it is let through.
+MAX_REWINDS = 5
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
 
@@ -129,6 +141,7 @@ class _Consumer(faust_aiokafka.Consumer):
     async def perform_seek(self) -> None:
         """Forget what earlier generations read, then seek to the committed offsets."""
         self._read_offset.clear()
+        self._delivered.clear()
         await super().perform_seek()
 
     def ack(self, message: Any) -> bool:
@@ -140,6 +153,80 @@ class _Consumer(faust_aiokafka.Consumer):
                 self._unacked_messages.discard(message)
             return False  # ... but its offset is not committable: it is fetched again
         return bool(super().ack(message))
+
+    @cached_property
+    def _rewinds(self) -> dict[Any, tuple[int, int]]:
+        """Per partition: the offset it is being fetched again from, and how often it was."""
+        return {}
+
+    @cached_property
+    def _rewinding(self) -> dict[Any, asyncio.Future[None]]:
+        """Rewinds in flight (kept referenced until done)."""
+        return {}
+
+    async def getmany(self, timeout: float) -> Any:  # noqa: ASYNC109 - faust's signature
+        """faust's fetch, without messages past a jump in a stream partition's offsets."""
+        async for tp, message in super().getmany(timeout):
+            offset = message.offset
+            if self._jumped(tp, offset):
+                continue
+            read = self._read_offset.get(tp)
+            if read is None or offset >= read:  # what faust delivers (it drops the rest)
+                self._delivered[tp] = offset
+            yield tp, message
+
+    def _jumped(self, tp: Any, offset: int) -> bool:
+        """Whether ``offset`` lies past the next offset ``tp`` should deliver (a rewind is then
+        started: the message is fetched again in order)."""
+        if tp in self._rewinding:
+            return True  # the rest of a batch fetched before the rewind's seek
+        expected = self._next_offset(tp)
+        if expected is None or offset <= expected or tp.topic not in self.app.topics.acking_topics:
+            return False
+        rewound_to, times = self._rewinds.get(tp, (expected, 0))
+        times = times + 1 if rewound_to == expected else 1
+        self._rewinds[tp] = (expected, times)
+        if times > MAX_REWINDS:
+            log.error(
+                "%s[%d]: fetches keep jumping from %d to %d; letting it through",
+                tp.topic,
+                tp.partition,
+                expected,
+                offset,
+            )
+            return False
+        log.warning(
+            "%s[%d]: fetched offset %d where %d was next: fetching again from %d",
+            tp.topic,
+            tp.partition,
+            offset,
+            expected,
+            expected,
+        )
+        FETCH_SKIPS.labels(str(self.app.conf.id), tp.topic).inc(offset - expected)
+        task = asyncio.ensure_future(self._rewind(tp, expected))
+        self._rewinding[tp] = task
+        task.add_done_callback(lambda _: self._rewinding.pop(tp, None))
+        return True
+
+    def _next_offset(self, tp: Any) -> int | None:
+        """The offset ``tp`` delivers next (``None``: unknown). faust's read offset is the last
+        message delivered, or where a seek put the partition (then it is the next one)."""
+        read = self._read_offset.get(tp)
+        if read is None:
+            return None
+        return int(read) + 1 if read == self._delivered.get(tp) else int(read)
+
+    @cached_property
+    def _delivered(self) -> dict[Any, int]:
+        """Per partition: the offset of the last message handed to its stream."""
+        return {}
+
+    async def _rewind(self, tp: Any, offset: int) -> None:
+        """Fetch ``tp`` again from ``offset``, or from the first offset retention left."""
+        if tp not in self.assignment():
+            return
+        await self.seek(tp, max(offset, await self._earliest_offset(tp)))
 
     @cached_property
     def _head_missing_since(self) -> dict[Any, tuple[int, float]]:

@@ -304,3 +304,97 @@ async def test_a_head_retention_deleted_is_skipped_over(
         assert consumer._new_offset(tp) == 31
     finally:
         EARLIEST[0] = 0
+
+
+async def _rewinds_done(consumer: Any) -> None:
+    await asyncio.gather(*consumer._rewinding.values())
+
+
+@pytest.fixture
+def fresh_rewinds(consumer: Any, seeks: list[Any]) -> list[Any]:
+    consumer._rewinds.clear()
+    consumer._rewinding.clear()
+    consumer._delivered.clear()
+    return seeks
+
+
+async def test_a_fetch_that_jumps_ahead_is_not_delivered_but_fetched_again_in_order(
+    consumer: Any, fresh_rewinds: list[Any]
+) -> None:
+    """Seen in the scale-out failover: ``claims[0]`` read up to 2, then 15; the retried
+    application at 18 was claimed before the original request at 7, and one work got two records."""
+    consumer._read_offset[tp] = 2
+    consumer._delivered[tp] = 2
+    assert consumer._jumped(tp, 15)
+    assert consumer._jumped(tp, 16)  # the rest of the same fetch
+    await _rewinds_done(consumer)
+    assert fresh_rewinds == [(tp, 3)]
+    consumer._read_offset[tp] = 3  # what faust's seek does
+    assert not consumer._jumped(tp, 3)
+
+
+async def test_after_a_seek_the_seek_position_comes_first(consumer: Any, fresh_rewinds: list[Any]) -> None:
+    consumer._read_offset[tp] = 7  # a seek (to the committed offset): 7 is next, not 8
+    consumer._delivered[tp] = 2
+    assert consumer._jumped(tp, 8)
+    await _rewinds_done(consumer)
+    assert fresh_rewinds == [(tp, 7)]
+    assert not consumer._jumped(tp, 7)
+
+
+async def test_in_order_redelivered_and_unknown_starts_pass(consumer: Any, fresh_rewinds: list[Any]) -> None:
+    consumer._read_offset[tp] = 10
+    consumer._delivered[tp] = 10
+    assert not consumer._jumped(tp, 11)
+    assert not consumer._jumped(tp, 4)  # below: faust drops it as already read
+    consumer._read_offset[tp] = None  # a partition start (faust keeps a seek to 0 as None)
+    assert not consumer._jumped(tp, 25)
+    other = TP("avcc-code-records-changelog", 0)  # not a stream topic: compaction leaves gaps
+    consumer._read_offset[other] = 3
+    consumer._delivered[other] = 3
+    assert not consumer._jumped(other, 9)
+    assert fresh_rewinds == []
+
+
+async def test_a_jump_over_offsets_retention_deleted_is_followed(
+    consumer: Any, fresh_rewinds: list[Any]
+) -> None:
+    EARLIEST[0] = 30
+    try:
+        consumer._read_offset[tp] = 20
+        consumer._delivered[tp] = 20
+        assert consumer._jumped(tp, 35)
+        await _rewinds_done(consumer)
+        assert fresh_rewinds == [(tp, 30)]
+    finally:
+        EARLIEST[0] = 0
+
+
+async def test_a_jump_that_keeps_coming_back_is_let_through(consumer: Any, fresh_rewinds: list[Any]) -> None:
+    consumer._read_offset[tp] = 4
+    consumer._delivered[tp] = 4
+    for _ in range(transport.MAX_REWINDS):
+        assert consumer._jumped(tp, 9)
+        await _rewinds_done(consumer)
+    assert not consumer._jumped(tp, 9)
+    assert fresh_rewinds == [(tp, 5)] * transport.MAX_REWINDS
+
+
+async def test_getmany_hands_streams_only_the_contiguous_run(
+    consumer: Any, fresh_rewinds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetched = [FakeMessage(offset=o, generation_id=7) for o in (3, 4, 9, 10, 5)]
+
+    async def faust_getmany(self: Any, timeout: float) -> Any:  # noqa: ASYNC109 - faust's signature
+        for message in fetched:
+            yield tp, message
+            # what faust's drain loop does with a delivered message
+            if self._read_offset.get(tp) is None or message.offset >= self._read_offset[tp]:
+                self._read_offset[tp] = message.offset
+
+    monkeypatch.setattr(transport.faust_aiokafka.Consumer, "getmany", faust_getmany)
+    consumer._read_offset[tp] = 3  # sought to 3
+    delivered = [message.offset async for _, message in consumer.getmany(1.0)]
+    await _rewinds_done(consumer)
+    assert delivered == [3, 4]
+    assert fresh_rewinds == [(tp, 5)]
