@@ -139,10 +139,31 @@ class _Consumer(faust_aiokafka.Consumer):
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def perform_seek(self) -> None:
-        """Forget what earlier generations read, then seek to the committed offsets."""
+        """Forget what earlier generations read, then seek to the committed offsets; a stream
+        partition without one is sought to its first offset: aiokafka keeps the position an
+        earlier generation fetched up to (so its unprocessed messages were overtaken), and the
+        jump guard needs to know where the partition starts."""
         self._read_offset.clear()
         self._delivered.clear()
+        self._sought.clear()
         await super().perform_seek()
+        for tp in self.assignment():
+            if tp.topic in self.app.topics.acking_topics and self._read_offset.get(tp) is None:
+                try:
+                    await self.seek(tp, await self._earliest_offset(tp))
+                except Exception as exc:  # a leader moving: the jump guard stays off for it
+                    log.info("%s[%d]: not sought to its start (%s)", tp.topic, tp.partition, exc)
+
+    async def seek(self, partition: Any, offset: int) -> None:
+        """faust's seek, remembering the offset (faust keeps a seek to 0 as no read offset)."""
+        await super().seek(partition, offset)
+        self._sought[partition] = offset
+        self._delivered.pop(partition, None)
+
+    @cached_property
+    def _sought(self) -> dict[Any, int]:
+        """Per partition: the offset of the last seek."""
+        return {}
 
     def ack(self, message: Any) -> bool:
         """Record the ack, unless the message belongs to a previous consumer generation."""
@@ -214,7 +235,7 @@ class _Consumer(faust_aiokafka.Consumer):
         message delivered, or where a seek put the partition (then it is the next one)."""
         read = self._read_offset.get(tp)
         if read is None:
-            return None
+            return self._sought.get(tp)
         return int(read) + 1 if read == self._delivered.get(tp) else int(read)
 
     @cached_property

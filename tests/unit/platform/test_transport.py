@@ -88,10 +88,27 @@ async def test_read_offsets_of_earlier_generations_are_forgotten_at_seek(consume
     async def no_committed_offsets() -> dict[Any, int]:
         return {}
 
+    sought: list[tuple[TP, int]] = []
+
+    async def seek(partition: TP, offset: int) -> None:
+        sought.append((partition, offset))
+
+    async def earliest(_tp: TP) -> int:
+        return 4
+
     consumer._read_offset[tp] = 13
     consumer.seek_to_committed = no_committed_offsets
-    await consumer.perform_seek()
+    consumer.assignment = lambda: {tp}
+    consumer._earliest_offset = earliest
+    consumer.seek = seek
+    try:
+        await consumer.perform_seek()
+    finally:
+        for patched in ("seek_to_committed", "assignment", "_earliest_offset", "seek"):
+            delattr(consumer, patched)
     assert consumer._read_offset[tp] is None
+    # aiokafka would keep the position an earlier generation fetched up to: back to the start
+    assert sought == [(tp, 4)]
 
 
 #: The first offset the partition still holds (retention deleted those below it).
@@ -315,6 +332,7 @@ def fresh_rewinds(consumer: Any, seeks: list[Any]) -> list[Any]:
     consumer._rewinds.clear()
     consumer._rewinding.clear()
     consumer._delivered.clear()
+    consumer._sought.clear()
     return seeks
 
 
@@ -331,6 +349,21 @@ async def test_a_fetch_that_jumps_ahead_is_not_delivered_but_fetched_again_in_or
     assert fresh_rewinds == [(tp, 3)]
     consumer._read_offset[tp] = 3  # what faust's seek does
     assert not consumer._jumped(tp, 3)
+
+
+async def test_after_a_seek_to_the_start_offset_zero_comes_first(
+    consumer: Any, fresh_rewinds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def faust_seek(self: Any, partition: TP, offset: int) -> None:
+        self._read_offset[partition] = offset if offset else None  # what faust's seek keeps
+
+    monkeypatch.setattr(transport.faust_aiokafka.Consumer, "seek", faust_seek)
+    consumer._delivered[tp] = 9
+    await transport._Consumer.seek(consumer, tp, 0)
+    assert consumer._jumped(tp, 5)
+    await _rewinds_done(consumer)
+    assert fresh_rewinds == [(tp, 0)]
+    assert not consumer._jumped(tp, 0)
 
 
 async def test_after_a_seek_the_seek_position_comes_first(consumer: Any, fresh_rewinds: list[Any]) -> None:
