@@ -61,7 +61,10 @@ faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need 
   offset yet. A partition that comes back after another generation read (but did not process)
   part of it is then re-fetched from the start and its unprocessed messages are dropped as
   "already read" (seen: 9 applications lost on one partition). Read offsets are reset before
-  every seek to the committed offsets.
+  every seek to the committed offsets, and a stream partition without a committed offset is
+  sought to its first offset: aiokafka keeps the position an earlier generation fetched up to
+  (seen: a replica that kept ``claims[0]`` across a rebalance went on at offset 23 while the
+  original request at 3 was unprocessed).
 """
 
 from __future__ import annotations
