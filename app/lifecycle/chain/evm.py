@@ -378,7 +378,12 @@ class EvmBackend:
             for key, sent in plan.waiting:
                 if not await self._known(sent):
                     log.info("rebroadcasting %s for %s: the node does not know it", sent.hashes[-1], key)
-                    await self._broadcast(sent.raw)
+                    if not await self._broadcast(sent.raw):
+                        # priced under today's base fee (journaled before a restart, or before a
+                        # burst raised it): waiting for the replacement timeout would stall the
+                        # key and every nonce behind it
+                        log.info("the node refused %s for %s: re-signing it now", sent.hashes[-1], key)
+                        await self._replace(key, sent)
             if plan.overdue is not None:
                 key, sent = plan.overdue
                 log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
@@ -399,10 +404,15 @@ class EvmBackend:
                 continue
         return False
 
-    async def _broadcast(self, raw: str) -> None:
-        # already known, or its nonce used meanwhile: the polling loop sorts it out
-        with contextlib.suppress(Web3RPCError):
+    async def _broadcast(self, raw: str) -> bool:
+        """Send ``raw``; ``False`` if the node refused it (already known, its nonce used
+        meanwhile, underpriced: the polling loop and the keeper sort it out)."""
+        try:
             await self._w3.eth.send_raw_transaction(HexStr(raw))
+        except Web3RPCError as exc:
+            log.debug("node refused a transaction: %s", exc)
+            return False
+        return True
 
     async def _replace(self, key: str, sent: SentTx) -> None:
         """Re-sign ``sent`` with the same nonce and a higher gas price, journal it, send it
