@@ -247,10 +247,13 @@ class _Consumer(faust_aiokafka.Consumer):
         return {}
 
     async def _rewind(self, tp: Any, offset: int) -> None:
-        """Fetch ``tp`` again from ``offset``, or from the first offset retention left."""
-        if tp not in self.assignment():
-            return
-        await self.seek(tp, max(offset, await self._earliest_offset(tp)))
+        """Fetch ``tp`` again from ``offset``, or from the first offset retention left (a failed
+        seek leaves the skipped offsets to the head watch)."""
+        try:
+            if tp in self.assignment():
+                await self.seek(tp, max(offset, await self._earliest_offset(tp)))
+        except Exception as exc:  # a leader moving
+            log.warning("%s[%d]: not fetched again from %d (%s)", tp.topic, tp.partition, offset, exc)
 
     @cached_property
     def _head_missing_since(self) -> dict[Any, tuple[int, float]]:
