@@ -52,6 +52,15 @@ class Settings(BaseSettings):
         "whose high watermark only counts the first record of the last batch, which breaks table "
         "recovery. Unset: detected from the broker's cluster id.",
     )
+    kafka_idle_fetch_max_wait_ms: int = Field(
+        400,
+        ge=50,
+        le=5000,
+        description="On a broker that answers fetches only when their wait expires (Tansu): the "
+        "longest wait an idle worker's fetches back off to (busy ones wait 50 ms). Each fetch costs "
+        "that broker CPU whether it finds data or not; longer saves idle CPU, shorter answers the "
+        "first message after an idle spell sooner.",
+    )
     replication_factor: int = Field(1, description="Replication factor for created topics.")
 
     clickhouse_url: str = Field(

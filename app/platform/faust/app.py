@@ -196,9 +196,12 @@ def create_app(
     }
     app = AvccApp(app_id, **options)
     app.operator_guard = guard
-    transport.set_fetch_max_wait_ms(
-        app_id, transport.FETCH_MAX_WAIT_MS if tansu_like else transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS
-    )
+    if tansu_like:
+        transport.set_fetch_max_wait_ms(
+            app_id, transport.FETCH_MAX_WAIT_MS, settings.kafka_idle_fetch_max_wait_ms
+        )
+    else:
+        transport.set_fetch_max_wait_ms(app_id, transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS)
     return app
 
 

@@ -4,7 +4,8 @@ faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need 
 
 * **Fetch wait**: faust hard-codes aiokafka's ``fetch_max_wait_ms=1500``. A broker that answers a
   fetch only when that wait expires (Tansu does not return early when data arrives) then adds up
-  to 1.5 s to every hop of the lifecycle; the wait is chosen per broker instead.
+  to 1.5 s to every hop of the lifecycle; the wait is chosen per broker instead, and on such a
+  broker an idle consumer backs off to a longer one (:mod:`app.platform.faust.idle_fetch`).
 * **Acks of a previous generation**: after a rebalance faust skips the messages it fetched for
   the previous consumer generation, but still *acks* them. Those acks can advance the committed
   offset past messages the new generation has not processed yet, and a second rebalance then
@@ -81,6 +82,7 @@ from faust.types.tuples import ack_lock
 from faust.utils.functional import consecutive_numbers
 from mode.utils.objects import cached_property
 
+from app.platform.faust.idle_fetch import IdleFetchBackoff
 from app.platform.metrics import FETCH_SKIPS, HEAD_RESEEKS
 
 __all__ = [
@@ -91,6 +93,7 @@ __all__ = [
     "SCHEME",
     "Transport",
     "fetch_max_wait_ms",
+    "idle_fetch_max_wait_ms",
     "set_fetch_max_wait_ms",
 ]
 
@@ -116,18 +119,25 @@ def _now() -> float:
     return time.monotonic()
 
 
-#: Fetch wait per faust App id, chosen by :func:`app.platform.faust.app.get_app` for its broker.
-_FETCH_WAIT_MS: dict[str, int] = {}
+#: Fetch waits per faust App id, chosen by :func:`app.platform.faust.app.get_app` for its broker:
+#: (busy, idle); see :mod:`app.platform.faust.idle_fetch`.
+_FETCH_WAIT_MS: dict[str, tuple[int, int]] = {}
 
 
-def set_fetch_max_wait_ms(app_id: str, wait_ms: int) -> None:
-    """Use ``wait_ms`` as the fetch wait of the App ``app_id``."""
-    _FETCH_WAIT_MS[app_id] = wait_ms
+def set_fetch_max_wait_ms(app_id: str, wait_ms: int, idle_wait_ms: int | None = None) -> None:
+    """Use ``wait_ms`` as the fetch wait of the App ``app_id``, backing off to ``idle_wait_ms``
+    while its fetches come back empty (``None``: no backoff)."""
+    _FETCH_WAIT_MS[app_id] = (wait_ms, max(wait_ms, idle_wait_ms or wait_ms))
 
 
 def fetch_max_wait_ms(app: Any) -> int:
     """The fetch wait of ``app`` (the early-answer default if none was set)."""
-    return _FETCH_WAIT_MS.get(str(app.conf.id), EARLY_ANSWER_FETCH_MAX_WAIT_MS)
+    return _FETCH_WAIT_MS.get(str(app.conf.id), (EARLY_ANSWER_FETCH_MAX_WAIT_MS,) * 2)[0]
+
+
+def idle_fetch_max_wait_ms(app: Any) -> int:
+    """The longest fetch wait ``app`` backs off to while idle."""
+    return _FETCH_WAIT_MS.get(str(app.conf.id), (EARLY_ANSWER_FETCH_MAX_WAIT_MS,) * 2)[1]
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -135,6 +145,14 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = fetch_max_wait_ms(self.app)
         return consumer
+
+    async def on_start(self) -> None:
+        """Start the consumer; an idle one then backs off its fetches (see ``idle_fetch``)."""
+        await super().on_start()
+        backoff = IdleFetchBackoff(fetch_max_wait_ms(self.app), idle_fetch_max_wait_ms(self.app))
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        if backoff.enabled and fetcher is not None:
+            backoff.install(fetcher)
 
 
 class _Consumer(faust_aiokafka.Consumer):
