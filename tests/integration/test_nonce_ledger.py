@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from app.platform.http.auth import sign_request
-from app.platform.http.nonces import NonceLedger
+from app.platform.http.nonces import READER_IDLE_AFTER_S, READER_IDLE_POLL_S, NonceLedger
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
@@ -80,6 +80,38 @@ async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
         for ledger in (first, second, late):
             if ledger is not None:
                 ledger.stop()
+
+
+async def test_idle_readers_pause_and_a_replay_is_still_refused_after_idling(
+    broker: BrokerHandle, unique: str
+) -> None:
+    """Readers nobody claims through stop fetching (each fetch costs Tansu CPU, answered or not);
+    a claim wakes its own reader at once, and the other replica, idle meanwhile, still reads that
+    claim before its own: the replay is refused."""
+    settings = Settings(kafka_url=f"kafka://{broker.bootstrap}", nonce_store="kafka")
+    topic = dataclasses.replace(NONCES, name=f"{NONCES.name}.{unique}")
+    apply_plan(settings, [topic])
+    first = NonceLedger(settings, topic=topic.name, client_id=f"idle-a-{unique}")
+    second = NonceLedger(settings, topic=topic.name, client_id=f"idle-b-{unique}")
+    try:
+        await _ready(first, second)
+        await asyncio.sleep(READER_IDLE_AFTER_S + 1.5)
+        assert first.idle_pauses >= 1 and second.idle_pauses >= 1
+
+        for round_ in range(3):
+            pauses = (first.idle_pauses, second.idle_pauses)
+            now = now_ms()
+            nonce = f"nonce-{uuid.uuid4().hex}"
+            started = time.monotonic()
+            assert await first.claim("partner-0", nonce, now, now) is None
+            # woken by its claim, not by the next periodic read (READER_IDLE_POLL_S)
+            assert time.monotonic() - started < READER_IDLE_POLL_S * 0.9, round_
+            assert await second.claim("partner-0", nonce, now, now_ms()) == "replayed_nonce", round_
+            await asyncio.sleep(READER_IDLE_AFTER_S + READER_IDLE_POLL_S + 0.5)
+            assert first.idle_pauses > pauses[0] and second.idle_pauses > pauses[1], round_
+    finally:
+        first.stop()
+        second.stop()
 
 
 @pytest.fixture
