@@ -130,14 +130,19 @@ def set_fetch_max_wait_ms(app_id: str, wait_ms: int, idle_wait_ms: int | None = 
     _FETCH_WAIT_MS[app_id] = (wait_ms, max(wait_ms, idle_wait_ms or wait_ms))
 
 
+def _fetch_waits(app: Any) -> tuple[int, int]:
+    """(busy, idle) fetch waits of ``app``; the early-answer default, no backoff, if none was set."""
+    return _FETCH_WAIT_MS.get(str(app.conf.id), (EARLY_ANSWER_FETCH_MAX_WAIT_MS,) * 2)
+
+
 def fetch_max_wait_ms(app: Any) -> int:
     """The fetch wait of ``app`` (the early-answer default if none was set)."""
-    return _FETCH_WAIT_MS.get(str(app.conf.id), (EARLY_ANSWER_FETCH_MAX_WAIT_MS,) * 2)[0]
+    return _fetch_waits(app)[0]
 
 
 def idle_fetch_max_wait_ms(app: Any) -> int:
     """The longest fetch wait ``app`` backs off to while idle."""
-    return _FETCH_WAIT_MS.get(str(app.conf.id), (EARLY_ANSWER_FETCH_MAX_WAIT_MS,) * 2)[1]
+    return _fetch_waits(app)[1]
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -149,7 +154,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         """Start the consumer; an idle one then backs off its fetches (see ``idle_fetch``)."""
         await super().on_start()
-        backoff = IdleFetchBackoff(fetch_max_wait_ms(self.app), idle_fetch_max_wait_ms(self.app))
+        backoff = IdleFetchBackoff(*_fetch_waits(self.app))
         fetcher = getattr(self._consumer, "_fetcher", None)
         if backoff.enabled and fetcher is not None:
             backoff.install(fetcher)
