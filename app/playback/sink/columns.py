@@ -62,13 +62,15 @@ class PlaybackColumns:
         if columns is None:
             return False
         event_ids = columns[0]
-        distinct = set(event_ids)
         seen = self.seen
-        if len(distinct) == len(event_ids) and seen.isdisjoint(distinct):
-            seen |= distinct
-            for column, values in zip(self._columns, (*columns, partitions, offsets), strict=True):
-                column.extend(values)
-            return True
+        if seen.isdisjoint(event_ids):
+            before = len(seen)
+            seen.update(event_ids)
+            if len(seen) - before == len(event_ids):  # no id twice in the chunk either
+                for column, values in zip(self._columns, (*columns, partitions, offsets), strict=True):
+                    column.extend(values)
+                return True
+            seen.difference_update(event_ids)  # none was there before: back to how it was
         # Redelivered events inside the chunk or the block: row by row.
         add = self.add
         for row, partition, offset in zip(zip(*columns, strict=True), partitions, offsets, strict=True):

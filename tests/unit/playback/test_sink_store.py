@@ -62,6 +62,29 @@ def test_playback_columns_are_in_insert_order_and_skip_duplicates() -> None:
     assert block.timestamps_ms() == [T0 + 1, T0 + 2]
 
 
+def _document(i: int) -> dict[str, Any]:
+    document = event()
+    document["event_id"] = str(uuid.UUID(int=i, version=4))
+    document["timestamp"] = T0 + i
+    return document
+
+
+def test_chunks_of_documents_keep_one_row_per_event_id() -> None:
+    """A chunk repeating an id, or repeating one already in the block, is added row by row:
+    each id once, the repeats counted, and the ids of the chunk still known afterwards."""
+    block = PlaybackColumns()
+    assert block.add_documents([_document(1), _document(2)], [0, 0], [10, 11])
+    assert block.add_documents([_document(3), _document(3), _document(4)], [1, 1, 1], [5, 6, 7])
+    assert block.add_documents([_document(2), _document(5)], [0, 2], [12, 1])
+    columns = dict(zip(block.column_names, block.columns(), strict=True))
+    assert columns["ts_ms"] == [T0 + 1, T0 + 2, T0 + 3, T0 + 4, T0 + 5]
+    assert columns["kafka_offset"] == [10, 11, 5, 7, 1]
+    assert block.duplicates == 2
+    assert block.seen == {str(uuid.UUID(int=i, version=4)) for i in range(1, 6)}
+    assert not block.add_documents([{"event_id": "not a uuid"}], [0], [13])  # left to the caller
+    assert len(block) == 5
+
+
 def test_every_insert_column_exists_in_the_ddl() -> None:
     names = {column.name for column in PLAYBACK_COLUMNS}
     assert set(PLAYBACK_INSERT_COLUMNS) <= names
