@@ -291,3 +291,11 @@ FETCH_SKIPS = Counter(
     registry=REGISTRY,
 )
 __all__ += ["FETCH_SKIPS"]
+FETCH_HELD_BACK = Counter(
+    "avcc_consumer_fetch_held_back_total",
+    "Stream partitions whose messages fetched during a rebalance were held back (fetched again "
+    "once it ended)",
+    ["app", "topic"],
+    registry=REGISTRY,
+)
+__all__ += ["FETCH_HELD_BACK"]

@@ -49,7 +49,20 @@ faust-streaming 0.15 with aiokafka, adjusted where the delivery guarantees need 
   messages are dropped and the partition is fetched again from the expected offset, so every
   stream topic is processed in offset order; only a range retention already deleted is skipped
   (and after :data:`MAX_REWINDS` rewinds to the same offset the jump is let through, leaving the
-  skipped offsets to the head watch below).
+  skipped offsets to the head watch below). A stream partition whose next offset is not known
+  (a seek to its start that failed while a leader moved, or a fetch landing while the seek to
+  the committed offsets is still asking the coordinator) delivers nothing either: it is fetched
+  again from its start, the group's committed offset or else its first offset (seen: after a
+  failover a restarted replica claimed a retried application at ``claims[2]`` offset 65 before
+  the original request at 5, whose first owner had emitted its ``apply.created``: two records).
+* **Nothing is delivered to a stream during a rebalance**: faust resumes fetching the stream
+  partitions (the flow already runs, for the changelogs) before it seeks them to the committed
+  offsets and before the rebalance ends; messages its streams got in that window were never
+  processed (seen: a restarted review replica got ``apply.created[0]`` 7..24 then and none of
+  them was processed, while 25.., fetched after, were; on ``claims`` a retried application then
+  overtook the lost original request: two records). Stream messages fetched while the app is
+  rebalancing are held back, and once the rebalance ended their partitions are fetched again
+  from the next offset they owe.
 * **Flush before a commit**: faust flushes the producer before it commits offsets, but its
   buffer's flush returns as soon as no buffered message is sent within 0.1 s (a broker failover
   stalls them for seconds), and a refused changelog write is only logged. A commit could then
@@ -83,7 +96,7 @@ from faust.utils.functional import consecutive_numbers
 from mode.utils.objects import cached_property
 
 from app.platform.faust.idle_fetch import IdleFetchBackoff
-from app.platform.metrics import FETCH_SKIPS, HEAD_RESEEKS
+from app.platform.metrics import FETCH_HELD_BACK, FETCH_SKIPS, HEAD_RESEEKS
 
 __all__ = [
     "EARLY_ANSWER_FETCH_MAX_WAIT_MS",
@@ -109,6 +122,9 @@ EARLY_ANSWER_FETCH_MAX_WAIT_MS = 500
 HEAD_RESEEK_S = 15.0
 #: Rewinds to one offset after which a fetch that keeps jumping past it is let through.
 MAX_REWINDS = 5
+#: First and longest wait before asking again for a partition's start (committed offset).
+START_RETRY_S = 0.2
+START_RETRY_MAX_S = 5.0
 #: URL scheme that selects this transport (``avcc-kafka://host:port``).
 SCHEME = "avcc-kafka"
 
@@ -212,8 +228,16 @@ class _Consumer(faust_aiokafka.Consumer):
         return {}
 
     async def getmany(self, timeout: float) -> Any:  # noqa: ASYNC109 - faust's signature
-        """faust's fetch, without messages past a jump in a stream partition's offsets."""
+        """faust's fetch, without messages past a jump in a stream partition's offsets, nor
+        stream messages fetched while the app is rebalancing (see :meth:`_hold_back`)."""
+        app = self.app
+        if self._held_back and not app.rebalancing:
+            self._fetch_held_back_again()
+        acking_topics = app.topics.acking_topics
         async for tp, message in super().getmany(timeout):
+            if app.rebalancing and tp.topic in acking_topics:
+                self._hold_back(tp)
+                continue
             offset = message.offset
             if self._jumped(tp, offset):
                 continue
@@ -222,13 +246,45 @@ class _Consumer(faust_aiokafka.Consumer):
                 self._delivered[tp] = offset
             yield tp, message
 
+    @cached_property
+    def _held_back(self) -> set[Any]:
+        """Stream partitions with messages fetched, and not delivered, while rebalancing."""
+        return set()
+
+    def _hold_back(self, tp: Any) -> None:
+        """Keep a stream message fetched during a rebalance from its stream: its partition is
+        fetched again once the rebalance ended. faust resumes fetching the stream partitions
+        before its seek to the committed offsets and before the rebalance ends, and messages
+        streams got in that window were lost (seen: a restarted review replica got
+        ``apply.created[0]`` 7..24 during its first rebalance and processed none of them,
+        then 25.. after it; a lost claim request let a retry overtake it: two records)."""
+        if tp not in self._held_back:
+            self._held_back.add(tp)
+            FETCH_HELD_BACK.labels(str(self.app.conf.id), tp.topic).inc()
+
+    def _fetch_held_back_again(self) -> None:
+        """The rebalance ended: fetch each held-back partition again from its next offset."""
+        held = set(self._held_back)
+        self._held_back.clear()
+        for tp in held:
+            if tp in self._rewinding or not self._assigned(tp):
+                continue
+            expected = self._next_offset(tp)
+            rewind = self._rewind_to_start(tp) if expected is None else self._rewind(tp, expected)
+            self._start_rewind(tp, rewind)
+
     def _jumped(self, tp: Any, offset: int) -> bool:
         """Whether ``offset`` lies past the next offset ``tp`` should deliver (a rewind is then
         started: the message is fetched again in order)."""
         if tp in self._rewinding:
             return True  # the rest of a batch fetched before the rewind's seek
+        if tp.topic not in self.app.topics.acking_topics:
+            return False
         expected = self._next_offset(tp)
-        if expected is None or offset <= expected or tp.topic not in self.app.topics.acking_topics:
+        if expected is None:
+            self._start_rewind(tp, self._rewind_to_start(tp))
+            return True
+        if offset <= expected:
             return False
         rewound_to, times = self._rewinds.get(tp, (expected, 0))
         times = times + 1 if rewound_to == expected else 1
@@ -251,10 +307,14 @@ class _Consumer(faust_aiokafka.Consumer):
             expected,
         )
         FETCH_SKIPS.labels(str(self.app.conf.id), tp.topic).inc(offset - expected)
-        task = asyncio.ensure_future(self._rewind(tp, expected))
+        self._start_rewind(tp, self._rewind(tp, expected))
+        return True
+
+    def _start_rewind(self, tp: Any, rewind: Any) -> None:
+        """Run ``rewind`` (a coroutine seeking ``tp``); ``tp`` delivers nothing until it is done."""
+        task = asyncio.ensure_future(rewind)
         self._rewinding[tp] = task
         task.add_done_callback(lambda _: self._rewinding.pop(tp, None))
-        return True
 
     def _next_offset(self, tp: Any) -> int | None:
         """The offset ``tp`` delivers next (``None``: unknown). faust's read offset is the last
@@ -278,6 +338,32 @@ class _Consumer(faust_aiokafka.Consumer):
         except Exception as exc:  # a leader moving
             log.warning("%s[%d]: not fetched again from %d (%s)", tp.topic, tp.partition, offset, exc)
 
+    async def _rewind_to_start(self, tp: Any) -> None:
+        """Fetch ``tp`` again from where its processing starts: the next offset a seek to the
+        committed offsets set meanwhile, else the group's committed offset (else the first
+        offset). Always seeks, as what was fetched during the lookup was dropped; a failed
+        lookup is asked again (backing off) while ``tp`` stays assigned."""
+        delay = START_RETRY_S
+        while tp in self.assignment():
+            try:
+                start = await self._partition_start(tp)
+                if tp not in self.assignment():
+                    return
+                known = self._next_offset(tp)
+                start = start if known is None else known
+                log.warning(
+                    "%s[%d]: fetched with its next offset unknown: fetching again from %d",
+                    tp.topic,
+                    tp.partition,
+                    start,
+                )
+                await self.seek(tp, start)
+                return
+            except Exception as exc:  # the coordinator or a leader moving
+                log.warning("%s[%d]: start not found (%s); asking again", tp.topic, tp.partition, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, START_RETRY_MAX_S)
+
     @cached_property
     def _head_missing_since(self) -> dict[Any, tuple[int, float]]:
         """Per partition: the head offset that looks lost and since when it does."""
@@ -290,7 +376,7 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _head_may_be_lost(self, tp: Any, head: int, later_acked: bool) -> bool:
         """Whether ``head`` exists, was read and is not acked, with the partition flowing."""
-        if not self.flow_active or self.app.in_recovery:
+        if not self.flow_active or self.app.in_recovery or not self._assigned(tp):
             return False
         if tp in self._paused_partitions or tp in self._buffered_partitions:
             return False  # held back on purpose (recovery, a full stream buffer)
@@ -304,6 +390,13 @@ class _Consumer(faust_aiokafka.Consumer):
         except Exception:  # not assigned (any more) or no fetch yet: nothing to judge by
             return False
         return highwater is not None and highwater > head
+
+    def _assigned(self, tp: Any) -> bool:
+        """Whether ``tp`` is assigned to this consumer (``False`` before it started)."""
+        try:
+            return tp in self.assignment()
+        except Exception:  # the consumer thread not started (or stopping)
+            return False
 
     def _head_in_stream(self, tp: Any, head: int) -> bool:
         """Whether a stream holds ``head`` (tracked and not acked yet)."""
@@ -389,8 +482,8 @@ class _Consumer(faust_aiokafka.Consumer):
         except Exception as exc:  # the coordinator is moving: asked again at the next commit
             log.info("%s[%d]: committed offset unknown for now (%s)", tp.topic, tp.partition, exc)
             return
-        if tp not in self.assignment() or self._committed_offset[tp] is not None:
-            return
+        if self.app.rebalancing or tp not in self.assignment() or self._committed_offset[tp] is not None:
+            return  # (a partition revoked meanwhile must not keep a start: asked again later)
         with ack_lock:
             self._committed_offset[tp] = start
             below = [offset for offset in self._acked[tp] if offset < start]

@@ -41,6 +41,8 @@ def consumer() -> Any:
     c._committed_offset.clear()
     c._gap.clear()
     app.consumer_generation_id = 7
+    app.rebalancing = False
+    c._held_back.clear()
     return c
 
 
@@ -225,6 +227,19 @@ async def test_a_head_not_read_or_held_back_is_left_alone(
     assert await _seeks_after(consumer, seeks, clock, 10 * transport.HEAD_RESEEK_S) == []
 
 
+async def test_the_head_of_a_partition_no_longer_assigned_is_left_alone(
+    consumer: Any, seeks: list[Any], clock: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen after rebalances: a replica kept the start of ``claims[0]`` learned while it was
+    being revoked and reported its head lost 15 s later, while another replica processed it."""
+    consumer._committed_offset[tp] = 6
+    consumer._read_offset[tp] = 30
+    monkeypatch.setattr(consumer, "assignment", lambda: set())
+    assert await _seeks_after(consumer, seeks, clock, 0) == []
+    assert await _seeks_after(consumer, seeks, clock, 10 * transport.HEAD_RESEEK_S) == []
+    assert not consumer._head_missing_since
+
+
 @pytest.fixture
 def broker_start(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The committed offset the broker reports for the partition (settable), and the count of lookups."""
@@ -261,6 +276,20 @@ async def test_nothing_is_committed_before_the_partition_start_is_known(
     for offset in range(1, 14):  # fetched again and processed
         consumer.ack(FakeMessage(offset=offset, generation_id=7))
     assert consumer._new_offset(tp) == 16
+
+
+async def test_a_start_learned_during_a_rebalance_is_not_kept(
+    consumer: Any, seeks: list[Any], broker_start: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    consumer.ack(FakeMessage(offset=5, generation_id=7))
+    monkeypatch.setattr(consumer.app, "rebalancing", True)
+    assert consumer._new_offset(tp) is None
+    await _settle()
+    assert broker_start == [1] and consumer._committed_offset[tp] is None  # asked again later
+    monkeypatch.setattr(consumer.app, "rebalancing", False)
+    assert consumer._new_offset(tp) is None
+    await _settle()
+    assert broker_start == [1, 1] and consumer._committed_offset[tp] == 1
 
 
 async def test_acks_below_the_learned_start_are_dropped(
@@ -375,18 +404,77 @@ async def test_after_a_seek_the_seek_position_comes_first(consumer: Any, fresh_r
     assert not consumer._jumped(tp, 7)
 
 
-async def test_in_order_redelivered_and_unknown_starts_pass(consumer: Any, fresh_rewinds: list[Any]) -> None:
+async def test_in_order_and_redelivered_offsets_pass(consumer: Any, fresh_rewinds: list[Any]) -> None:
     consumer._read_offset[tp] = 10
     consumer._delivered[tp] = 10
     assert not consumer._jumped(tp, 11)
     assert not consumer._jumped(tp, 4)  # below: faust drops it as already read
-    consumer._read_offset[tp] = None  # a partition start (faust keeps a seek to 0 as None)
-    assert not consumer._jumped(tp, 25)
     other = TP("avcc-code-records-changelog", 0)  # not a stream topic: compaction leaves gaps
     consumer._read_offset[other] = 3
     consumer._delivered[other] = 3
     assert not consumer._jumped(other, 9)
+    assert not consumer._jumped(TP("avcc-code-records-changelog", 1), 9)  # nor an unknown start
     assert fresh_rewinds == []
+
+
+async def test_a_fetch_with_the_next_offset_unknown_is_fetched_again_from_the_start(
+    consumer: Any, fresh_rewinds: list[Any], broker_start: list[int]
+) -> None:
+    """Seen in the scale-out failover: a restarted replica claimed a retried application at
+    ``claims[2]`` offset 65 before the original request at 5 (committed 5): two records. With no
+    read offset and no seek known, nothing is delivered until the partition is sought to the
+    group's committed offset (else its first offset)."""
+    assert consumer._next_offset(tp) is None
+    assert consumer._jumped(tp, 65)
+    assert consumer._jumped(tp, 66)  # the rest of the same fetch
+    await _rewinds_done(consumer)
+    assert broker_start == [1] and fresh_rewinds == [(tp, 1)]
+    consumer._read_offset[tp] = 1  # what faust's seek does
+    assert not consumer._jumped(tp, 1)
+
+
+async def test_a_start_sought_during_the_lookup_is_where_the_partition_is_fetched_again(
+    consumer: Any, fresh_rewinds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in the scale-out failover: the seek to the committed offsets (4) finished while the
+    lookup ran, the rewind then did not seek, and 4.. (dropped during the lookup) were lost."""
+
+    async def partition_start(_tp: TP) -> int:
+        consumer._read_offset[tp] = 4  # perform_seek sets the committed offset meanwhile
+        return 1  # an older answer
+
+    monkeypatch.setattr(consumer, "_partition_start", partition_start)
+    assert consumer._jumped(tp, 9)
+    assert consumer._jumped(tp, 4)  # fetched during the lookup: dropped
+    await _rewinds_done(consumer)
+    assert fresh_rewinds == [(tp, 4)]
+
+
+async def test_an_unknown_start_is_asked_for_until_it_is_known(
+    consumer: Any, fresh_rewinds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is delivered while the coordinator cannot answer; then the partition is sought."""
+    answers: list[int | None] = [None, None, 6]
+
+    async def coordinator_moving(_tp: TP) -> int:
+        answer = answers.pop(0)
+        if answer is None:
+            raise RuntimeError("NOT_COORDINATOR")
+        return answer
+
+    monkeypatch.setattr(consumer, "_partition_start", coordinator_moving)
+    monkeypatch.setattr(transport.asyncio, "sleep", _no_sleep)
+    assert consumer._jumped(tp, 65)
+    assert consumer._jumped(tp, 66)  # while it is asked: dropped
+    await _rewinds_done(consumer)
+    assert answers == [] and fresh_rewinds == [(tp, 6)]
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _no_sleep(_seconds: float) -> None:
+    await _real_sleep(0)
 
 
 async def test_a_jump_over_offsets_retention_deleted_is_followed(
@@ -431,3 +519,31 @@ async def test_getmany_hands_streams_only_the_contiguous_run(
     await _rewinds_done(consumer)
     assert delivered == [3, 4]
     assert fresh_rewinds == [(tp, 5)]
+
+
+async def test_stream_messages_fetched_while_rebalancing_are_held_back_and_fetched_again(
+    consumer: Any, fresh_rewinds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen at a restart in the scale-out failover: a review replica got ``apply.created[0]``
+    7..24 before its rebalance ended and processed none of them; 25.., fetched after, were."""
+    changelog = TP("avcc-code-claims-changelog", 0)
+    fetched = [(tp, FakeMessage(offset=o, generation_id=7)) for o in (7, 8)]
+    fetched.append((changelog, FakeMessage(offset=3, generation_id=7, topic=changelog.topic, tp=changelog)))
+
+    async def faust_getmany(self: Any, timeout: float) -> Any:  # noqa: ASYNC109 - faust's signature
+        for partition, message in fetched:
+            yield partition, message
+
+    monkeypatch.setattr(transport.faust_aiokafka.Consumer, "getmany", faust_getmany)
+    consumer._read_offset[tp] = 7  # the committed offset, sought by perform_seek
+    monkeypatch.setattr(consumer.app, "rebalancing", True)
+    delivered = [(p.topic, m.offset) async for p, m in consumer.getmany(1.0)]
+    assert delivered == [(changelog.topic, 3)]  # recovery reads changelogs meanwhile
+    assert consumer._held_back == {tp} and fresh_rewinds == []
+    monkeypatch.setattr(consumer.app, "rebalancing", False)
+    fetched[:] = [(tp, FakeMessage(offset=9, generation_id=7))]  # where the fetch went on
+    assert [m.offset async for _, m in consumer.getmany(1.0)] == []  # a rewind runs first
+    await _rewinds_done(consumer)
+    assert fresh_rewinds == [(tp, 7)] and not consumer._held_back
+    fetched[:] = [(tp, FakeMessage(offset=7, generation_id=7))]
+    assert [m.offset async for _, m in consumer.getmany(1.0)] == [7]
