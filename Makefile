@@ -41,7 +41,7 @@ test: install lint typecheck contracts  ## the full suite: lint, types, unit + i
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
 bench:  ## benchmarks (printed, never asserted)
-	$(PY) -m bench.playback
+	$(PY) -m bench.playback --repeat 3
 	$(PY) -m bench.lifecycle
 
 clean:  ## remove local state
