@@ -344,10 +344,10 @@ class _Consumer(faust_aiokafka.Consumer):
         offset). Always seeks, as what was fetched during the lookup was dropped; a failed
         lookup is asked again (backing off) while ``tp`` stays assigned."""
         delay = START_RETRY_S
-        while tp in self.assignment():
+        while self._assigned(tp):
             try:
                 start = await self._partition_start(tp)
-                if tp not in self.assignment():
+                if not self._assigned(tp):
                     return
                 known = self._next_offset(tp)
                 start = start if known is None else known
