@@ -333,7 +333,7 @@ class _Consumer(faust_aiokafka.Consumer):
         """Fetch ``tp`` again from ``offset``, or from the first offset retention left (a failed
         seek leaves the skipped offsets to the head watch)."""
         try:
-            if tp in self.assignment():
+            if self._assigned(tp):
                 await self.seek(tp, max(offset, await self._earliest_offset(tp)))
         except Exception as exc:  # a leader moving
             log.warning("%s[%d]: not fetched again from %d (%s)", tp.topic, tp.partition, offset, exc)
@@ -428,7 +428,7 @@ class _Consumer(faust_aiokafka.Consumer):
 
     async def _seek_head(self, tp: Any, head: int) -> None:
         """Fetch ``tp`` again from ``head``; a head retention already deleted is skipped over."""
-        if tp not in self.assignment():
+        if not self._assigned(tp):
             return
         earliest = await self._earliest_offset(tp)
         if earliest > head:  # nothing to fetch again: the range counts as done
@@ -482,7 +482,7 @@ class _Consumer(faust_aiokafka.Consumer):
         except Exception as exc:  # the coordinator is moving: asked again at the next commit
             log.info("%s[%d]: committed offset unknown for now (%s)", tp.topic, tp.partition, exc)
             return
-        if self.app.rebalancing or tp not in self.assignment() or self._committed_offset[tp] is not None:
+        if self.app.rebalancing or not self._assigned(tp) or self._committed_offset[tp] is not None:
             return  # (a partition revoked meanwhile must not keep a start: asked again later)
         with ack_lock:
             self._committed_offset[tp] = start
