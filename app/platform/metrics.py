@@ -299,3 +299,11 @@ FETCH_HELD_BACK = Counter(
     registry=REGISTRY,
 )
 __all__ += ["FETCH_HELD_BACK"]
+PRODUCER_SEND_RETRIES = Counter(
+    "avcc_producer_send_retries_total",
+    "Buffered writes (table changelogs) the Kafka client refused for a passing reason and that "
+    "were sent again",
+    ["topic"],
+    registry=REGISTRY,
+)
+__all__ += ["PRODUCER_SEND_RETRIES"]

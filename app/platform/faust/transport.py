@@ -90,11 +90,11 @@ from typing import Any
 
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import FutureMessage
 from faust.types.tuples import ack_lock
 from faust.utils.functional import consecutive_numbers
 from mode.utils.objects import cached_property
 
+from app.platform.faust import producer
 from app.platform.faust.idle_fetch import IdleFetchBackoff
 from app.platform.metrics import FETCH_HELD_BACK, FETCH_SKIPS, HEAD_RESEEKS
 
@@ -528,32 +528,11 @@ class _Consumer(faust_aiokafka.Consumer):
         return int(batch[-1]) + 1
 
 
-class _Producer(faust_aiokafka.Producer):
-    @cached_property
-    def _undelivered(self) -> set[FutureMessage]:
-        """Messages handed to :meth:`send_soon` (table changelog writes) not yet acknowledged."""
-        return set()
-
-    def send_soon(self, fut: FutureMessage) -> None:
-        """Buffer ``fut`` and track it until the broker acknowledges it (or refuses it)."""
-        undelivered = self._undelivered
-        undelivered.add(fut)
-        fut.add_done_callback(undelivered.discard)
-        super().send_soon(fut)
-
-    async def flush(self) -> None:
-        """Return once every message buffered so far is acknowledged; raise if one was refused."""
-        await super().flush()
-        pending = list(self._undelivered)
-        if pending:
-            await asyncio.gather(*pending)
-
-
 class Transport(faust_aiokafka.Transport):
     """The aiokafka transport with the fixes above."""
 
     Consumer = _Consumer
-    Producer = _Producer
+    Producer = producer.Producer
 
 
 TRANSPORTS[SCHEME] = f"{__name__}:Transport"

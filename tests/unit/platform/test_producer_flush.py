@@ -11,7 +11,7 @@ import pytest
 from faust.types import FutureMessage
 
 from app.platform.faust.app import get_app
-from app.platform.faust.transport import _Producer
+from app.platform.faust.producer import Producer
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def producer(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The code group's producer, its buffer and faust's own flush taken out: like a flush
     during a broker failover, which returns with messages still on their way."""
     producer = get_app("code").producer
-    assert isinstance(producer, _Producer)
+    assert isinstance(producer, Producer)
     producer._undelivered.clear()
     monkeypatch.setattr(producer.buffer, "put", lambda fut: None)
 
