@@ -47,6 +47,7 @@ from pydantic import ValidationError
 
 from app.platform.errors import DependencyUnavailable
 from app.platform.faust.app import consumer_group_id
+from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.groups import group_spec
 from app.platform.kafka.clients import consumer_config, producer_config
 from app.platform.kafka.consumer_loop import ConsumerLoop
@@ -211,6 +212,7 @@ class AnomalyDetector(ConsumerLoop):
 
     def run(self) -> None:
         """Consume until :meth:`stop`; checkpoint and leave the group on the way out."""
+        raise_gen0_threshold(self.anomaly_settings.gc_gen0_threshold)
         settings = self.settings
         ensure_state_topic(
             settings, ANOMALY_WINDOW_CHANGELOG, topic=self.changelog_topic, partitions=self.partitions
@@ -252,7 +254,7 @@ class AnomalyDetector(ConsumerLoop):
         windows = self.windows
         source = self.source_topic
         now_ms = time.time_ns() // 1_000_000
-        run: list[tuple[int, int, Any]] = []
+        run: list[Message] = []
         for message in messages:
             error = message.error()
             if error is not None:
@@ -270,7 +272,7 @@ class AnomalyDetector(ConsumerLoop):
             if message.topic() != source:
                 self._merge(message)
                 continue
-            run.append((message.partition(), message.offset(), _decode(message.value())))
+            run.append(message)
         if run:
             self._count(run, now_ms)
 
@@ -284,8 +286,10 @@ class AnomalyDetector(ConsumerLoop):
             partial = None
         self.merger.add(message.partition(), message.offset(), partial)
 
-    def _count(self, run: list[tuple[int, int, Any]], now_ms: int) -> None:
-        tally = self.windows.count(run, now_ms)
+    def _count(self, run: list[Message], now_ms: int) -> None:
+        # Decoded one at a time as they are counted: a whole batch of decoded envelopes alive
+        # at once made every young GC collection walk them (a third of the detector's CPU).
+        tally = self.windows.count(((m.partition(), m.offset(), _decode(m.value())) for m in run), now_ms)
         self.processed += tally.counted
         if tally.counted:
             self._events_in.inc(tally.counted)

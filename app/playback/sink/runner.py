@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import traceback
 from collections.abc import Callable
 
 from app.platform.faust.app import consumer_group_id
+from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.settings import Settings
 from app.playback.sink.batch import GROUP
 from app.playback.sink.clickhouse import ChdbBackend, ClickHouseBackend, connect
@@ -57,9 +57,7 @@ class SinkRunner:
 
     def start(self) -> None:
         """Start the loop thread (and raise the process's gen-0 GC threshold, see the config)."""
-        threshold = self.config.gc_gen0_threshold
-        if threshold and gc.get_threshold()[0] < threshold:
-            gc.set_threshold(threshold, *gc.get_threshold()[1:])
+        raise_gen0_threshold(self.config.gc_gen0_threshold)
         self._thread = threading.Thread(target=self._run, name="clickhouse-sink", daemon=True)
         self._thread.start()
 
