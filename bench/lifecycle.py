@@ -12,6 +12,7 @@ step) and reports the highest rate whose p99 apply -> code issued stays under 1 
 
     python -m bench.lifecycle [--applications 1000] [--rate 20] [--bootstrap host:port]
                               [--knee-rates 25,50,...] [--knee-seconds 10] [--bulk 100000]
+                              [--worker-env AVCC_NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -190,7 +191,15 @@ def main() -> int:
     parser.add_argument(
         "--bulk", type=int, default=100_000, help="applications of the bulk import figure (0: none)"
     )
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="AVCC_NAME=VALUE",
+        help="a setting for every worker (repeatable), to compare configurations",
+    )
     args = parser.parse_args()
+    worker_env = dict(item.split("=", 1) for item in args.worker_env)
 
     work = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
     broker = None
@@ -211,6 +220,7 @@ def main() -> int:
             "AVCC_BLOCK_INTERVAL_MS": "100",
             "AVCC_LOG_LEVEL": "WARNING",
             "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
+            **worker_env,
         }
         ports = {}
         for group in GROUPS:
