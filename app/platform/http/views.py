@@ -153,6 +153,10 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
     return True, ready
 
 
+#: A worker's lag reading is given up after this many of the reader's request timeouts.
+EXPORT_TIMEOUTS = 3
+
+
 class WorkerLagExporter:
     """Exports the lag of the partitions assigned to this worker into ``CONSUMER_LAG``."""
 
@@ -209,14 +213,36 @@ class WorkerLagExporter:
             and not tp.topic.startswith("__")
         )
 
+    def export_timeout_s(self) -> float:
+        """Longest wait for one reading: a few of the reader's request timeouts."""
+        config = self._config if self._config is not None else LagSettings()
+        return EXPORT_TIMEOUTS * config.request_timeout_s
+
     async def export_once(self) -> list[PartitionOffsets]:
-        """Read and export the lag of the assigned partitions once."""
+        """Read and export the lag of the assigned partitions once.
+
+        A reading that does not answer within :meth:`export_timeout_s` is given up and its reader
+        abandoned (closed once its call returns); the next round asks a fresh one. Seen after an
+        Apache Kafka restart: the reader's ``committed()`` never returned, every later round
+        waited behind it, and the stall watchdog, fed by these readings, never fired while the
+        worker's commits had stopped for 13 minutes.
+        """
         tps = self.assigned()
         rows: list[PartitionOffsets] = []
         if tps:
             reader = self._get_reader()
+            call = asyncio.get_running_loop().run_in_executor(None, reader.group_offsets, self.group_id, tps)
             try:
-                rows = await asyncio.to_thread(reader.group_offsets, self.group_id, tps)
+                rows = await asyncio.wait_for(asyncio.shield(call), self.export_timeout_s())
+            except TimeoutError:
+                LAG_MONITOR_ERRORS.labels(stage="worker_export").inc()
+                log.warning(
+                    "lag export of %s did not answer in %.0f s; asking a new reader next round",
+                    self.group_id,
+                    self.export_timeout_s(),
+                )
+                self._abandon(reader, call)
+                return []
             except Exception as exc:  # the broker may be away for a moment; try again next round
                 LAG_MONITOR_ERRORS.labels(stage="worker_export").inc()
                 log.warning("lag export of %s failed: %s", self.group_id, exc)
@@ -231,6 +257,19 @@ class WorkerLagExporter:
                 CONSUMER_LAG.remove(*labels)
         self._exported = current
         return rows
+
+    def _abandon(self, reader: OffsetReader, call: asyncio.Future[list[PartitionOffsets]]) -> None:
+        """Stop using ``reader``; close it (off the event loop) once its pending ``call`` returns:
+        closing it under the call would free the clients the call is using."""
+        if self._reader is reader:
+            self._reader = None
+
+        def close_when_done(done: asyncio.Future[list[PartitionOffsets]]) -> None:
+            if not done.cancelled():
+                done.exception()  # retrieved: the reading was given up already
+            asyncio.get_running_loop().run_in_executor(None, reader.close)  # closing may block
+
+        call.add_done_callback(close_when_done)
 
     def close(self) -> None:
         """Close the reader's clients and drop this worker's series."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import faust
+import pytest
 from faust.types import TP
 
+from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import PartitionOffsets
 from app.platform.http.views import WorkerLagExporter, WorkerState, install_common_views, readiness
 from tests.unit.ops.lag.lag_samples import sample
@@ -152,3 +155,47 @@ async def test_worker_exporter_follows_a_groups_own_consumer() -> None:
     assert [(r.topic, r.partition, r.lag) for r in rows] == [("own-unit", 2, 6)]
     assert sample("avcc_consumer_lag_messages", group="avcc-ownunit", topic="own-unit", partition="2") == 6
     exporter.close()
+
+
+async def test_a_reading_that_never_answers_is_given_up_and_the_next_round_asks_a_new_reader() -> None:
+    """Seen after a broker restart: the reader's committed() never returned, and every later
+    round (and the stall watchdog fed by them) waited behind it."""
+    release = threading.Event()
+    readers: list[Any] = []
+
+    class Reader:
+        def __init__(self) -> None:
+            self.hangs = not readers  # the first reader's call does not return until released
+            self.closed = False
+            readers.append(self)
+
+        def group_offsets(self, group: str, tps: list[tuple[str, int]]) -> list[PartitionOffsets]:
+            if self.hangs:
+                release.wait(10)
+                raise RuntimeError("committed() returned late")
+            return [PartitionOffsets(group, t, p, 10, 7) for t, p in tps]
+
+        def close(self) -> None:
+            self.closed = True
+
+    app = fake_app({tp("hang-unit", 0)})
+    exporter = WorkerLagExporter(
+        app,
+        "hangunit",
+        config=LagSettings(request_timeout_s=0.05),
+        reader_factory=Reader,  # type: ignore[arg-type]
+    )
+    assert exporter.export_timeout_s() == pytest.approx(0.15)
+    assert await asyncio.wait_for(exporter.export_once(), 2) == []
+    rows = await asyncio.wait_for(exporter.export_once(), 2)
+    assert [(r.topic, r.lag) for r in rows] == [("hang-unit", 3)]
+    assert len(readers) == 2
+    assert not readers[0].closed, "closed under the call that still uses it"
+    release.set()
+    for _ in range(100):
+        if readers[0].closed:
+            break
+        await asyncio.sleep(0.02)
+    assert readers[0].closed and not readers[1].closed
+    exporter.close()
+    assert readers[1].closed
