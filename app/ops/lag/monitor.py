@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import orjson
 
 from app.ops.alerts import AlertSink, default_sinks
 from app.ops.console.rates import OffsetHistory
+from app.ops.lag.bounded import call_within
 from app.ops.lag.evaluation import (
     STATUS_ORDER,
     PartitionStatus,
@@ -193,6 +195,11 @@ def _prune(history: deque[Any], horizon: float, at: Callable[[Any], float]) -> N
         history.popleft()
 
 
+#: A lag snapshot is given up after this many of the reader's request timeouts (it makes several
+#: requests per group).
+SNAPSHOT_TIMEOUTS = 6
+
+
 class LagMonitor:
     """Reader -> evaluator -> metrics and alert sinks; :meth:`tick` once per interval."""
 
@@ -202,12 +209,17 @@ class LagMonitor:
         config: LagSettings | None = None,
         *,
         reader: OffsetReader | None = None,
+        reader_factory: Callable[[], OffsetReader] | None = None,
         sinks: Sequence[AlertSink] | None = None,
         generator_url: str | None = None,
     ) -> None:
         self.settings = settings
         self.config = config if config is not None else LagSettings()
-        self.reader = reader if reader is not None else OffsetReader(settings, self.config)
+        #: Makes the reader that replaces one whose snapshot did not answer.
+        self.reader_factory: Callable[[], OffsetReader] = reader_factory or (
+            lambda: OffsetReader(settings, self.config)
+        )
+        self.reader = reader if reader is not None else self.reader_factory()
         self.evaluator = LagEvaluator(self.config)
         #: Offsets over the last minutes: the console's rates and trend charts.
         self.history = OffsetHistory()
@@ -221,9 +233,29 @@ class LagMonitor:
         """The latest report (``None`` before the first tick)."""
         return self.evaluator.last_report
 
+    def snapshot_timeout_s(self) -> float:
+        """Longest wait for one snapshot: several of the reader's request timeouts."""
+        return SNAPSHOT_TIMEOUTS * self.config.request_timeout_s
+
+    async def take_snapshot(self) -> LagSnapshot:
+        """The reader's snapshot; an error snapshot (``BROKER_ERROR``) if it does not answer within
+        :meth:`snapshot_timeout_s`, after which a fresh reader replaces it (see
+        :mod:`app.ops.lag.bounded`): a monitor waiting for ever would stop every lag alert."""
+        reader = self.reader
+        timeout = self.snapshot_timeout_s()
+        try:
+            return await call_within(reader.snapshot, timeout, reader.close)
+        except TimeoutError:
+            LAG_MONITOR_ERRORS.labels(stage="snapshot").inc()
+            log.warning("lag snapshot did not answer in %.0f s; asking a new reader next time", timeout)
+            self.reader = self.reader_factory()
+            return LagSnapshot(
+                time.time(), errors={BROKER_ERROR: f"snapshot did not answer in {timeout:.0f} s"}
+            )
+
     async def tick(self) -> LagReport:
         """Take a snapshot, evaluate it, export metrics and send alert events."""
-        snapshot = await asyncio.to_thread(self.reader.snapshot)
+        snapshot = await self.take_snapshot()
         report = self.evaluator.observe(snapshot)
         self.history.add(snapshot)
         self.export(snapshot, report)

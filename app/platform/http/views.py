@@ -23,12 +23,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import faust
 from mode import Service
 from prometheus_client import generate_latest
 
+from app.ops.lag.bounded import call_within
 from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import PartitionOffsets
@@ -222,18 +224,19 @@ class WorkerLagExporter:
         """Read and export the lag of the assigned partitions once.
 
         A reading that does not answer within :meth:`export_timeout_s` is given up and its reader
-        abandoned (closed once its call returns); the next round asks a fresh one. Seen after an
-        Apache Kafka restart: the reader's ``committed()`` never returned, every later round
-        waited behind it, and the stall watchdog, fed by these readings, never fired while the
-        worker's commits had stopped for 13 minutes.
+        dropped (closed once its call returns, :func:`call_within`); the next round asks a fresh
+        one. Seen after an Apache Kafka restart: the reader's ``committed()`` never returned,
+        every later round waited behind it, and the stall watchdog, fed by these readings, never
+        fired while the worker's commits had stopped for 13 minutes.
         """
         tps = self.assigned()
         rows: list[PartitionOffsets] = []
         if tps:
             reader = self._get_reader()
-            call = asyncio.get_running_loop().run_in_executor(None, reader.group_offsets, self.group_id, tps)
             try:
-                rows = await asyncio.wait_for(asyncio.shield(call), self.export_timeout_s())
+                rows = await call_within(
+                    partial(reader.group_offsets, self.group_id, tps), self.export_timeout_s(), reader.close
+                )
             except TimeoutError:
                 LAG_MONITOR_ERRORS.labels(stage="worker_export").inc()
                 log.warning(
@@ -241,7 +244,8 @@ class WorkerLagExporter:
                     self.group_id,
                     self.export_timeout_s(),
                 )
-                self._abandon(reader, call)
+                if self._reader is reader:
+                    self._reader = None
                 return []
             except Exception as exc:  # the broker may be away for a moment; try again next round
                 LAG_MONITOR_ERRORS.labels(stage="worker_export").inc()
@@ -257,19 +261,6 @@ class WorkerLagExporter:
                 CONSUMER_LAG.remove(*labels)
         self._exported = current
         return rows
-
-    def _abandon(self, reader: OffsetReader, call: asyncio.Future[list[PartitionOffsets]]) -> None:
-        """Stop using ``reader``; close it (off the event loop) once its pending ``call`` returns:
-        closing it under the call would free the clients the call is using."""
-        if self._reader is reader:
-            self._reader = None
-
-        def close_when_done(done: asyncio.Future[list[PartitionOffsets]]) -> None:
-            if not done.cancelled():
-                done.exception()  # retrieved: the reading was given up already
-            asyncio.get_running_loop().run_in_executor(None, reader.close)  # closing may block
-
-        call.add_done_callback(close_when_done)
 
     def close(self) -> None:
         """Close the reader's clients and drop this worker's series."""

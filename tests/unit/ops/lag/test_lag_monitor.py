@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -92,6 +94,40 @@ async def test_monitor_exports_metrics_drops_stale_series_and_notifies_sinks() -
     assert sink.sent[1].ends_at is not None
     await monitor.close()
     assert reader.closed and sink.closed
+
+
+async def test_a_snapshot_that_never_answers_reports_a_broker_error_and_a_fresh_reader_takes_over() -> None:
+    """A monitor waiting for ever on one snapshot would stop every lag alert (seen: a reader's
+    committed() lookup that never returned after an Apache Kafka restart)."""
+    group, topic = "g-hang-unit", "t-hang-unit"
+    release = threading.Event()
+
+    class HangingReader(FakeReader):
+        def snapshot(self) -> LagSnapshot:
+            release.wait(10)
+            return super().snapshot()
+
+    stuck = HangingReader([snap(0, [(0, 10, 10)], group=group, topic=topic)])
+    fresh = FakeReader([snap(5, [(0, 1500, 0)], group=group, topic=topic)])
+    cfg = config(rule(topic=topic, groups=(group,), not_shrinking_s=None), request_timeout_s=0.05)
+    monitor = LagMonitor(
+        Settings(),
+        cfg,
+        reader=stuck,  # type: ignore[arg-type]
+        reader_factory=lambda: fresh,  # type: ignore[arg-type,return-value]
+        sinks=[FakeSink()],
+    )
+    report = await asyncio.wait_for(monitor.tick(), 2)
+    assert BROKER_ERROR in report.errors
+    assert monitor.reader is fresh and not stuck.closed
+    await asyncio.wait_for(monitor.tick(), 2)
+    assert sample("avcc_consumer_lag_messages", group=group, topic=topic, partition="0") == 1500
+    release.set()
+    for _ in range(100):
+        if stuck.closed:
+            break
+        await asyncio.sleep(0.02)
+    assert stuck.closed and not fresh.closed
 
 
 # ----------------------------------------------------------------------------- presentation
