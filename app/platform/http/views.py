@@ -175,7 +175,7 @@ class WorkerLagExporter:
         self.app = app
         self.group_id = consumer_group_id(group)
         self._settings = settings
-        self._config = config
+        self._config = config if config is not None else LagSettings()
         self._reader_factory = reader_factory
         self._assignment = assignment
         self._reader: OffsetReader | None = None
@@ -217,8 +217,7 @@ class WorkerLagExporter:
 
     def export_timeout_s(self) -> float:
         """Longest wait for one reading: a few of the reader's request timeouts."""
-        config = self._config if self._config is not None else LagSettings()
-        return EXPORT_TIMEOUTS * config.request_timeout_s
+        return EXPORT_TIMEOUTS * self._config.request_timeout_s
 
     async def export_once(self) -> list[PartitionOffsets]:
         """Read and export the lag of the assigned partitions once.
@@ -233,16 +232,16 @@ class WorkerLagExporter:
         rows: list[PartitionOffsets] = []
         if tps:
             reader = self._get_reader()
+            timeout = self.export_timeout_s()
             try:
-                rows = await call_within(
-                    partial(reader.group_offsets, self.group_id, tps), self.export_timeout_s(), reader.close
-                )
+                read = partial(reader.group_offsets, self.group_id, tps)
+                rows = await call_within(read, timeout, reader.close)
             except TimeoutError:
                 LAG_MONITOR_ERRORS.labels(stage="worker_export").inc()
                 log.warning(
                     "lag export of %s did not answer in %.0f s; asking a new reader next round",
                     self.group_id,
-                    self.export_timeout_s(),
+                    timeout,
                 )
                 if self._reader is reader:
                     self._reader = None
