@@ -58,9 +58,7 @@ class SendBuffer(ProducerBuffer):
             try:
                 await super()._send_pending(fut)
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # (a cancellation is not an Exception: it ends the sender)
                 topic = _topic(fut)
                 if self.should_stop or not _retriable(exc):
                     log.error("buffered write to %s refused: %r", topic, exc)
