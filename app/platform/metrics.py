@@ -307,3 +307,10 @@ PRODUCER_SEND_RETRIES = Counter(
     registry=REGISTRY,
 )
 __all__ += ["PRODUCER_SEND_RETRIES"]
+PRODUCER_DELIVERY_FAILURES = Counter(
+    "avcc_producer_delivery_failures_total",
+    "Messages of an unacknowledged producer profile (playback) the broker never stored",
+    ["profile", "topic"],
+    registry=REGISTRY,
+)
+__all__ += ["PRODUCER_DELIVERY_FAILURES"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -115,3 +116,46 @@ def test_produced_keys_land_on_the_java_murmur2_partition(broker, unique: str) -
         producer.close()
     for record_id, partition in placed:
         assert partition == partition_for(record_key(record_id), spec.partitions), record_id
+
+
+# Apache Kafka only: Tansu does not enforce a topic's max.message.bytes.
+@pytest.mark.parametrize("broker", ["kafka"], indirect=True)
+def test_playback_messages_the_broker_refuses_are_counted_and_the_rest_stored(broker, unique: str) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import NewTopic
+
+    from app.platform.metrics import PRODUCER_DELIVERY_FAILURES
+
+    topic = f"playback-refusals.{unique}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    created = admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2048"})])
+    created[topic].result(timeout=30)
+    counter = PRODUCER_DELIVERY_FAILURES.labels("playback", topic)
+    before = counter._value.get()
+    producer = EventProducer(Settings(kafka_url=f"kafka://{broker.bootstrap}"), "playback")
+    try:
+        # One flush each: the broker refuses a whole record batch, so the big one travels alone.
+        for value in (b"small-0", b"small-1", b"x" * 8192, b"small-2"):  # 8 KiB: too big for the topic
+            producer.send_nowait(topic, value, b"k")
+            assert producer.flush(30) == 0
+    finally:
+        producer.close()
+    assert counter._value.get() - before == 1
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"refusals-{unique}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        stored: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(stored) < 3 and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                stored.append(message.value())
+    finally:
+        consumer.close()
+    assert sorted(stored) == [b"small-0", b"small-1", b"small-2"]

@@ -5,6 +5,11 @@ used for every core-topic, retry and DLQ message; the playback profile (``acks=1
 ``linger.ms=5``, 64 KiB batches) for the firehose. confluent-kafka is used for both: its
 idempotent producer works on every broker we support (aiokafka's is refused by Tansu), it
 partitions with Java-compatible murmur2 in C, and it is ~8x faster than aiokafka.
+
+The playback profile's sends are never awaited, so librdkafka reports only its failed
+deliveries (:data:`REPORTING`): each is counted in ``avcc_producer_delivery_failures_total``
+and logged, at most one line per :data:`FAILURE_LOG_INTERVAL_S`, instead of a report crossing
+into Python for every event.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from app.platform.errors import BrokerCapabilityError, DependencyUnavailable
+from app.platform.metrics import PRODUCER_DELIVERY_FAILURES
 from app.platform.settings import Settings
 from app.platform.topics import ProducerProfile, TopicSpec
 
 __all__ = [
     "PROFILES",
+    "REPORTING",
     "Delivery",
     "EventProducer",
     "Headers",
@@ -35,6 +42,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, bytes]]
+
+#: Seconds between two log lines about failed deliveries of an unacknowledged profile.
+FAILURE_LOG_INTERVAL_S = 10.0
 
 #: librdkafka's spelling of Java's Integer.MAX_VALUE retries.
 _UNBOUNDED_RETRIES = 2_147_483_647
@@ -60,12 +70,19 @@ PROFILES: Mapping[ProducerProfile, Mapping[str, str | int | bool]] = {
         "queue.buffering.max.messages": 200_000,
     },
 }
+#: How each profile's deliveries are reported back to the process (client-side only, so not
+#: part of the published profile): playback sends are never awaited, only failures are reported.
+REPORTING: Mapping[ProducerProfile, Mapping[str, str | int | bool]] = {
+    "core": {},
+    "playback": {"delivery.report.only.error": True},
+}
 
 
 def profile_config(settings: Settings, profile: ProducerProfile) -> dict[str, Any]:
     """Full client configuration of ``profile``: connection/security settings plus the profile."""
     conf: dict[str, Any] = settings.kafka_client_config()
     conf.update(PROFILES[profile])
+    conf.update(REPORTING[profile])
     conf["statistics.interval.ms"] = 1000 if profile == "core" else 0
     return conf
 
@@ -94,9 +111,15 @@ class EventProducer:
         self._dev_mode = settings.dev_mode
         self._stats: dict[str, Any] = {}
         self._stats_event = threading.Event()
+        #: Whether every delivery is reported (``send`` can wait); else only failures are.
+        self.acknowledges = not self.config.get("delivery.report.only.error", False)
+        self._failures_unlogged = 0
+        self._failure_logged_at = float("-inf")
         conf = dict(self.config)
         if conf["statistics.interval.ms"]:
             conf["stats_cb"] = self._on_stats
+        if not self.acknowledges:
+            conf["on_delivery"] = self._on_failed_delivery
         self._producer = Producer(conf)
         self._running = True
         self._poller = threading.Thread(target=self._poll_loop, name=f"producer-{profile}", daemon=True)
@@ -109,6 +132,25 @@ class EventProducer:
     def _on_stats(self, raw: str) -> None:
         self._stats = orjson.loads(raw)
         self._stats_event.set()
+
+    def _on_failed_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        """Default report of an unacknowledged profile (librdkafka sends only failures)."""
+        if err is None:
+            return
+        topic = str(msg.topic())
+        PRODUCER_DELIVERY_FAILURES.labels(self.profile, topic).inc()
+        self._failures_unlogged += 1
+        now = time.monotonic()
+        if now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+            log.error(
+                "%d %s message(s) not delivered; latest to %s: %s",
+                self._failures_unlogged,
+                self.profile,
+                topic,
+                err.str(),
+            )
+            self._failures_unlogged = 0
+            self._failure_logged_at = now
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -149,7 +191,12 @@ class EventProducer:
         headers: Headers | None = None,
         partition: int | None = None,
     ) -> Delivery:
-        """Produce one message and wait for the broker's acknowledgement."""
+        """Produce one message and wait for the broker's acknowledgement.
+
+        Refused (``TypeError``) on a profile that reports failures only: nothing would answer.
+        """
+        if not self.acknowledges:
+            raise TypeError(f"the {self.profile} profile does not acknowledge sends: use send_nowait")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Delivery] = loop.create_future()
 
