@@ -222,6 +222,22 @@ class EventProducer:
         name = topic if isinstance(topic, str) else topic.name
         self._producer.produce(name, value, key)
 
+    def send_many_nowait(self, topic: TopicSpec | str, values: Sequence[bytes], keys: Sequence[bytes]) -> int:
+        """Enqueue ``values`` (with ``keys``) in order until the local queue is full or the client
+        refuses one; returns how many were enqueued (the rest were not, and may be sent again)."""
+        name = topic if isinstance(topic, str) else topic.name
+        produce = self._producer.produce
+        sent = 0
+        try:
+            for value, key in zip(values, keys, strict=True):
+                produce(name, value, key)
+                sent += 1
+        except BufferError:
+            pass
+        except KafkaException as exc:
+            log.error("produce to %s failed: %s", name, exc)
+        return sent
+
     def _produce(
         self,
         topic: TopicSpec | str,

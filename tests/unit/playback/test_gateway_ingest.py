@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -19,6 +20,7 @@ from app.playback.gateway.ingest import (
     envelope_bytes,
     event_id_for,
     parse_items,
+    uuid4_texts,
 )
 from schemas.playback import PlaybackEvent
 from schemas.violations import to_schema_violation
@@ -36,6 +38,14 @@ class QueueProducer:
         if len(self.sent) >= self.room:
             raise BufferError("queue full")
         self.sent.append((topic, value, key))
+
+    def send_many_nowait(self, topic: str, values: list[bytes], keys: list[bytes]) -> int:
+        for count, (value, key) in enumerate(zip(values, keys, strict=True)):
+            try:
+                self.send_nowait(topic, value, key)
+            except BufferError:
+                return count
+        return len(values)
 
 
 def test_json_and_ndjson_bodies_give_items_and_per_line_errors() -> None:
@@ -126,6 +136,24 @@ def test_the_columnar_path_frames_the_same_bytes_as_the_validated_models() -> No
     refused = {len(keyed): "bad"}
     assert admit([*keyed, None], refused, slow, "pb").accepted == len(keyed)  # type: ignore[arg-type]
     assert [(_untimed(v), k) for _, v, k in fast_keyed.sent] == [(_untimed(v), k) for _, v, k in slow.sent]
+
+
+@pytest.mark.parametrize("entropy", [bytes(16), b"\xff" * 16, bytes(range(256)) * 3, os.urandom(16 * 777)])
+def test_uuid4_texts_are_what_the_uuid_module_writes_for_the_same_bytes(entropy: bytes) -> None:
+    expected = [str(uuid.UUID(bytes=entropy[i : i + 16], version=4)) for i in range(0, len(entropy), 16)]
+    assert uuid4_texts(entropy) == expected
+
+
+def test_random_event_ids_in_a_batch_are_distinct_uuid4s_in_item_order() -> None:
+    items = [payload(duration_sec=i) for i in range(3 * CHUNK + 5)]
+    producer = QueueProducer(room=len(items))
+    assert admit(items, {}, producer, "pb").accepted == len(items)  # type: ignore[arg-type]
+    ids = [orjson.loads(value)["event_id"] for _, value, _ in producer.sent]
+    assert [orjson.loads(value)["payload"]["duration_sec"] for _, value, _ in producer.sent] == list(
+        range(len(items))
+    )
+    assert len(set(ids)) == len(items)
+    assert all(uuid.UUID(event_id).version == 4 for event_id in ids)
 
 
 def _untimed(value: bytes) -> bytes:
