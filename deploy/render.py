@@ -398,9 +398,25 @@ def alert_groups(rules: Sequence[LagRule]) -> list[dict[str, Any]]:
             },
         }
     ]
+    producer_rules = [
+        {
+            "alert": "AvccPlaybackDeliveryFailures",
+            "expr": "sum by (profile, topic) (increase(avcc_producer_delivery_failures_total[5m])) > 0",
+            "labels": {"severity": "P3", "service": "avcc"},
+            "annotations": {
+                "summary": "playback events were lost before the broker stored them",
+                "description": '{{ $value | printf "%.0f" }} {{ $labels.profile }} message(s) to '
+                "{{ $labels.topic }} were not delivered in 5m (refused, or retried until the delivery timeout); "
+                "the gateway had accepted them",
+                "recommendation": "read the gateway log line 'not delivered' for the broker's reason "
+                "(message size, unknown topic, broker down) and check the brokers",
+            },
+        }
+    ]
     return [
         {"name": "avcc-consumer-lag", "rules": lag_rules},
         {"name": "avcc-dlq", "rules": dlq_rules},
+        {"name": "avcc-producers", "rules": producer_rules},
     ]
 
 
