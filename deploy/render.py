@@ -406,8 +406,8 @@ def alert_groups(rules: Sequence[LagRule]) -> list[dict[str, Any]]:
             "annotations": {
                 "summary": "playback events were lost before the broker stored them",
                 "description": '{{ $value | printf "%.0f" }} {{ $labels.profile }} message(s) to '
-                "{{ $labels.topic }} were not delivered in 5m (refused, or retried until the delivery timeout); "
-                "the gateway had accepted them",
+                "{{ $labels.topic }} were not delivered in 5m (refused, or retried until the delivery "
+                "timeout); the gateway had accepted them",
                 "recommendation": "read the gateway log line 'not delivered' for the broker's reason "
                 "(message size, unknown topic, broker down) and check the brokers",
             },
