@@ -76,6 +76,18 @@ async def _need_human(stack: Stack) -> int:
     return record_id
 
 
+async def _leave_for(page: Any, url: str) -> None:
+    """``page.goto(url)`` from a page that refreshes itself (the lag page, every 5 s): a refresh
+    that starts at the same moment aborts the goto (``net::ERR_ABORTED``), so go again."""
+    for attempt in range(3):
+        try:
+            await page.goto(url)
+            return
+        except Exception as exc:
+            if "ERR_ABORTED" not in str(exc) or attempt == 2:
+                raise
+
+
 async def _task(stack: Stack, record_id: int) -> dict[str, Any]:
     status, listing = await stack.call("review", "GET", "/v1/review/tasks")
     assert status == 200, listing
@@ -123,7 +135,7 @@ async def test_overview_and_workbench_decide_a_need_human_application(
             assert await page.locator("#lag").is_visible()
 
             # Workbench: the evidence is shown; approve one task from its form.
-            await page.goto(f"{base}/review")
+            await _leave_for(page, f"{base}/review")
             row = page.locator(f"#tasks tr[data-record='{approved}']")
             task = await _task(console_stack, approved)
             assert task["report_hash"] in await row.inner_text()
