@@ -10,11 +10,11 @@ import importlib
 import os
 import shutil
 from types import ModuleType
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import pytest
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "chromium", "in_ci", "playwright"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "chromium", "goto_past_refresh", "in_ci", "playwright"]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -52,3 +52,15 @@ def chromium() -> str:
     if path is None:
         _missing("chromium")
     return path
+
+
+async def goto_past_refresh(page: Any, url: str, attempts: int = 3) -> None:
+    """``page.goto(url)`` from a page that refreshes itself (the lag page, every 5 s): a refresh
+    that starts at the same moment aborts the goto (``net::ERR_ABORTED``), so go again."""
+    for attempt in range(attempts):
+        try:
+            await page.goto(url)
+            return
+        except Exception as exc:
+            if "ERR_ABORTED" not in str(exc) or attempt == attempts - 1:
+                raise

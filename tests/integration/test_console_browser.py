@@ -18,7 +18,7 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
 from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
-from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
+from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, playwright
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -99,7 +99,7 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
                 deadline = time.monotonic() + 30
                 while await rows.count() != 6:
                     assert time.monotonic() < deadline, worker.log_tail()
-                    await page.goto(f"{base}/lag")
+                    await goto_past_refresh(page, f"{base}/lag")
                     await page.wait_for_timeout(500)
                 # Nobody consumes: every partition is lag, the group is STOPped, the alert is shown.
                 assert await page.locator("div.alert[data-rule='UiApplyLag']").is_visible()

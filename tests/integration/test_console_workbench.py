@@ -22,7 +22,7 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
-from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
+from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, playwright
 from tests.integration.stack import API_KEY, API_SECRET, CORE_GROUPS, Stack, application, record_when
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(400)]
@@ -76,18 +76,6 @@ async def _need_human(stack: Stack) -> int:
     return record_id
 
 
-async def _leave_for(page: Any, url: str) -> None:
-    """``page.goto(url)`` from a page that refreshes itself (the lag page, every 5 s): a refresh
-    that starts at the same moment aborts the goto (``net::ERR_ABORTED``), so go again."""
-    for attempt in range(3):
-        try:
-            await page.goto(url)
-            return
-        except Exception as exc:
-            if "ERR_ABORTED" not in str(exc) or attempt == 2:
-                raise
-
-
 async def _task(stack: Stack, record_id: int) -> dict[str, Any]:
     status, listing = await stack.call("review", "GET", "/v1/review/tasks")
     assert status == 200, listing
@@ -135,7 +123,7 @@ async def test_overview_and_workbench_decide_a_need_human_application(
             assert await page.locator("#lag").is_visible()
 
             # Workbench: the evidence is shown; approve one task from its form.
-            await _leave_for(page, f"{base}/review")
+            await goto_past_refresh(page, f"{base}/review")
             row = page.locator(f"#tasks tr[data-record='{approved}']")
             task = await _task(console_stack, approved)
             assert task["report_hash"] in await row.inner_text()
