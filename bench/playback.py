@@ -556,19 +556,12 @@ def spawn_component(args: argparse.Namespace, name: str) -> dict[str, Any]:
 # --- orchestration ----------------------------------------------------------------------------
 
 
-def create_topics(args: argparse.Namespace, *scratch: str) -> None:
-    """The bench's playback, anomaly and DLQ topics, or else the ``scratch`` playback topics."""
+def create_topics(bootstrap: str, partitions: dict[str, int]) -> None:
+    """Create each topic of ``partitions`` (name -> partition count) with one replica."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    if scratch:
-        topics = [NewTopic(name, 24, 1) for name in scratch]
-    else:
-        topics = [
-            NewTopic(args.topic, 24, 1),
-            NewTopic(args.anomaly_topic, 6, 1),
-            NewTopic(args.dlq_topic, 3, 1),
-        ]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [NewTopic(name, count, 1) for name, count in partitions.items()]
     for future in admin.create_topics(topics, operation_timeout=30).values():
         future.result(timeout=30)
 
@@ -603,6 +596,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def orchestrate(args: argparse.Namespace) -> int:
+    from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+
     selected = [c for c in COMPONENTS if c in set(args.only.split(","))] if args.only else list(COMPONENTS)
     workdir = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
     args.workdir = str(workdir)
@@ -624,7 +619,14 @@ def orchestrate(args: argparse.Namespace) -> int:
             broker.start()
             args.bootstrap = broker.bootstrap
             print(f"# embedded Tansu on {args.bootstrap}", file=sys.stderr)
-        create_topics(args)
+        create_topics(
+            args.bootstrap,
+            {
+                args.topic: PLAYBACK_EVENT.partitions,
+                args.anomaly_topic: ANOMALY.partitions,
+                args.dlq_topic: DLQ.partitions,
+            },
+        )
         items = generate(args.events)
         results: list[dict[str, Any]] = []
         if "gateway" in selected:
@@ -633,7 +635,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             for round_ in range(2, args.repeat + 1):
                 print(f"# running gateway ({round_}/{args.repeat}) into a scratch topic ...", file=sys.stderr)
                 scratch = f"{args.topic}-gateway-{round_}"
-                create_topics(args, scratch)
+                create_topics(args.bootstrap, {scratch: PLAYBACK_EVENT.partitions})
                 gateway_runs.append(run_gateway(args, items, scratch))
             results.append(median_run(gateway_runs))
         else:
