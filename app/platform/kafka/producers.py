@@ -219,13 +219,13 @@ class EventProducer:
 
     def send_nowait(self, topic: TopicSpec | str, value: bytes, key: bytes | None = None) -> None:
         """Enqueue without waiting; raises ``BufferError`` when the local queue is full."""
-        name = topic if isinstance(topic, str) else topic.name
+        name = _topic_name(topic)
         self._producer.produce(name, value, key)
 
     def send_many_nowait(self, topic: TopicSpec | str, values: Sequence[bytes], keys: Sequence[bytes]) -> int:
         """Enqueue ``values`` (with ``keys``) in order until the local queue is full or the client
         refuses one; returns how many were enqueued (the rest were not, and may be sent again)."""
-        name = topic if isinstance(topic, str) else topic.name
+        name = _topic_name(topic)
         produce = self._producer.produce
         sent = 0
         try:
@@ -247,7 +247,7 @@ class EventProducer:
         partition: int | None,
         callback: Any,
     ) -> None:
-        name = topic if isinstance(topic, str) else topic.name
+        name = _topic_name(topic)
         kwargs: dict[str, Any] = {"on_delivery": callback}
         if headers:
             kwargs["headers"] = list(headers)
@@ -278,6 +278,10 @@ class EventProducer:
         self._running = False
         self._poller.join(timeout=5)
         del self._producer  # releases librdkafka's connections now, not at garbage collection
+
+
+def _topic_name(topic: TopicSpec | str) -> str:
+    return topic if isinstance(topic, str) else topic.name
 
 
 def _settle(future: asyncio.Future[Delivery], delivery: Delivery) -> None:
