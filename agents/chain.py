@@ -23,7 +23,7 @@ from app.lifecycle.chain.transactions import (
     submission_of,
 )
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, KeyedConcurrency, consume_each, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_topic
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import CHAIN_TX_PENDING, REVIEW_TASK_FINISHED
@@ -38,22 +38,8 @@ settings = get_settings()
 runtime = GroupRuntime("chain", "chain-svc", app)
 install_common_views(app, "chain")
 
-review_results = app.topic(
-    REVIEW_TASK_FINISHED.name,
-    partitions=REVIEW_TASK_FINISHED.partitions,
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
-)
-pending = app.topic(
-    CHAIN_TX_PENDING.name,
-    partitions=CHAIN_TX_PENDING.partitions,
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
-)
+review_results = source_topic(app, REVIEW_TASK_FINISHED)
+pending = source_topic(app, CHAIN_TX_PENDING)
 
 _backend: ChainBackend | None = None
 _backend_lock = asyncio.Lock()
@@ -81,11 +67,7 @@ async def handle_review_result(envelope: Envelope[Any]) -> Effects:
         return Effects(duplicate=True)
     output = evidence_pending(envelope)
     remembered = ReviewsSeen(REVIEWS_SEEN.remember(seen.root, event_id, now_ms()))
-
-    def store() -> None:
-        reviews_seen[key] = remembered
-
-    return Effects(outputs=[output] if output else [], apply=store)
+    return Effects(outputs=[output] if output else [], writes=[reviews_seen.write(key, remembered)])
 
 
 async def handle_pending(envelope: Envelope[Any]) -> Effects:
@@ -98,33 +80,24 @@ async def handle_pending(envelope: Envelope[Any]) -> Effects:
     receipt = await chain.submit(pending_tx(tx))
     output = receipt_confirmed(tx, receipt, tx.idempotency_key)
     record = submission_of(known, tx, receipt, str(envelope.event_id), now_ms())
-
-    def store() -> None:
-        submissions[tx.idempotency_key] = record
-
-    return Effects(outputs=[output], apply=store)
+    return Effects(outputs=[output], writes=[submissions.write(tx.idempotency_key, record)])
 
 
 @app.agent(review_results)
 async def notarise_approved(stream: Any) -> None:
     """review.task.finished (approved) -> chain.tx.pending."""
 
-    async def approve(event: Any) -> None:
-        await runtime.process(event, handle_review_result, parking=review_parking)
-
-    await consume_each(stream, approve)
+    await runtime.consume(stream, handle_review_result, parking=review_parking)
 
 
-#: Pending transactions in flight at once: they wait for the same block instead of one block
-#: each (a block every 100 ms would otherwise cap the chain at ~10 transactions per second).
-SUBMIT_CONCURRENCY = 256
+#: Records whose pending transactions a batch submits at once: they wait for the same block
+#: instead of one block each (a block every 100 ms would otherwise cap the chain at ~10
+#: transactions per second); a record's own transactions are submitted one after the other.
+SUBMIT_CONCURRENCY = 1000
 
 
 @app.agent(pending)
 async def submit_pending(stream: Any) -> None:
     """chain.tx.pending -> chain backend -> chain.tx.confirmed (per record in order)."""
 
-    async def submit(event: Any) -> None:
-        await runtime.process(event, handle_pending, parking=pending_parking)
-
-    await KeyedConcurrency(SUBMIT_CONCURRENCY).run(stream.noack(), submit)
+    await runtime.consume(stream, handle_pending, parking=pending_parking, concurrency=SUBMIT_CONCURRENCY)

@@ -3,45 +3,56 @@
 Inputs, all co-partitioned on 6 partitions keyed by ``avcc_record_id``: ``apply.created`` (the
 group's own output, so the record exists in its table), ``review.task.finished`` repartitioned
 from 12 to 6 partitions through an internal topic, and ``chain.tx.confirmed``. Applications are
-claimed per content hash by the claims agent (faust ask/reply), which serialises concurrent
-requests for one work on one partition owner: one work, one record, one code. The logic lives in
-:mod:`app.lifecycle.code`; the state in :mod:`tables.code`.
+claimed per content hash by the claims agent, which serialises concurrent requests for one work
+on the owner of its claims partition: one work, one record, one code. Only that owner asks its
+claims agent (:mod:`app.lifecycle.code.answers`); any other worker calls it (a peer call). The
+logic lives in :mod:`app.lifecycle.code`; the state in :mod:`tables.code`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
+import aiohttp
 import faust
 import orjson
 from aiohttp import web
+from faust.types import TP
 
 from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS
+from app.lifecycle.code.answers import ClaimMoved, ClaimWaiters
 from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
-from app.lifecycle.code.claims import (
-    CLAIM_TIMEOUT_S,
-    ClaimAnswer,
-    application_answer,
-    plan_claims,
-)
+from app.lifecycle.code.claims import CLAIM_TIMEOUT_S, application_answer, plan_claims
 from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import (
     HEADER_TARGET_GROUP,
+    Batch,
     Effects,
     GroupRuntime,
-    consume_each,
     header_value,
     now_ms,
+    source_topic,
 )
-from app.platform.http.auth import RequestRefused, authenticate, require_hmac, signed_json
+from app.platform.http.auth import RequestRefused, authenticate, read_body, require_hmac, signed_json
 from app.platform.http.openapi import route
+from app.platform.http.peers import PeerClient, is_peer_call
 from app.platform.http.responses import json_error, json_response
-from app.platform.http.routing import answer_at_owner, record_request
+from app.platform.http.routing import (
+    FORWARD_TIMEOUT_S,
+    answer_at_owner,
+    partition_owner_url,
+    partitions_settled,
+    rebalancing_answer,
+    record_request,
+    wait_settled,
+)
 from app.platform.http.views import install_common_views
 from app.platform.kafka.partitioner import partition_for
+from app.platform.kafka.producers import Outbound
 from app.platform.settings import get_settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -49,7 +60,6 @@ from app.platform.topics import (
     CODE_CLAIMS,
     CODE_REVIEW_FINISHED,
     REVIEW_TASK_FINISHED,
-    TopicSpec,
 )
 from app.playback.gateway.ingest import BatchError
 from schemas.application import ApplicationRequest
@@ -67,55 +77,31 @@ bulk = BulkSettings()
 bulk_claims = PendingClaims(bulk.max_in_flight, bulk.ask_timeout_s)
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
+claim_waiters = ClaimWaiters()
+peers = PeerClient(settings, FORWARD_TIMEOUT_S)
+
+review_source = source_topic(app, REVIEW_TASK_FINISHED)
+record_inputs = source_topic(app, APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
+claims_topic = source_topic(app, CODE_CLAIMS)
+#: Path of the peer call that asks the owner of a claims partition to claim applications.
+PEER_CLAIMS = "/peer/claims/{partition}"
 
 
-def _raw_topic(spec: TopicSpec, *more: TopicSpec) -> Any:
-    names = [spec.name, *(m.name for m in more)]
-    return app.topic(
-        *names,
-        partitions=spec.partitions,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
-
-
-review_source = _raw_topic(REVIEW_TASK_FINISHED)
-record_inputs = _raw_topic(APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
-
-
-class ClaimRequest(faust.Record, serializer="json"):
-    """What to claim: one application as a JSON object (the single route), or several of one
-    claims partition as a JSON array (the bulk route)."""
-
-    body: str
-
-
-claims_topic = app.topic(
-    CODE_CLAIMS.name,
-    partitions=CODE_CLAIMS.partitions,
-    key_type=bytes,
-    value_type=ClaimRequest,
-    key_serializer="raw",
-)
+async def relay_review_finished(event: Any, batch: Batch) -> None:
+    """Relay one review.task.finished (12 partitions) to the code group's 6-partition inbox,
+    key and headers kept (a retry-topic redelivery meant for another group is not relayed)."""
+    message = event.message
+    target = header_value(message.headers, HEADER_TARGET_GROUP)
+    if target is not None and target != b"code":
+        return
+    headers = list(message.headers.items() if isinstance(message.headers, dict) else message.headers or [])
+    batch.output(Outbound(CODE_REVIEW_FINISHED, message.value, message.key, headers))
 
 
 @app.agent(review_source)
 async def repartition_review_finished(stream: Any) -> None:
-    """Relay review.task.finished (12 partitions) to the code group's 6-partition inbox."""
-
-    async def relay(event: Any) -> None:
-        message = event.message
-        target = header_value(message.headers, HEADER_TARGET_GROUP)
-        if target is not None and target != b"code":
-            return
-        headers = list(
-            message.headers.items() if isinstance(message.headers, dict) else message.headers or []
-        )
-        await runtime.producer.send(CODE_REVIEW_FINISHED, message.value, message.key, headers)
-
-    await consume_each(stream, relay)
+    """review.task.finished -> the code group's inbox, in batches."""
+    await runtime.consume_batches(stream, relay_review_finished)
 
 
 async def handle_record_event(envelope: Envelope[Any]) -> Effects:
@@ -135,60 +121,132 @@ async def handle_record_event(envelope: Envelope[Any]) -> Effects:
         new = review_finished(state, envelope, now, org, node)
     else:
         new = tx_confirmed(state, envelope, now, org, node)
-
-    def store() -> None:
-        records[key] = new
-
-    return Effects(apply=store)
+    return Effects(writes=[records.write(key, new)])
 
 
 @app.agent(record_inputs)
 async def record_lifecycle(stream: Any) -> None:
     """The record state machine over apply.created, review results and chain receipts."""
-
-    async def apply(event: Any) -> None:
-        topic = REVIEW_TASK_FINISHED.name if event.message.topic == CODE_REVIEW_FINISHED.name else None
-        await runtime.process(event, handle_record_event, topic=topic, parking=record_parking)
-
-    await consume_each(stream, apply)
-
-
-async def claim_many(
-    applications: list[ApplicationRequest], partition: int, offset: int
-) -> list[ClaimAnswer]:
-    """Find or make the claims of ``applications``' content hashes, the claim request at
-    ``offset`` of claims ``partition``: one produce (and one wait for the acks) for all the new
-    records, then the table writes."""
-    plan = plan_claims(applications, claims.get, offset, partition, now_ms())
-    if plan.events:
-        await runtime.emit(plan.events)
-        for content_hash, made in plan.made.items():
-            claims[content_hash] = made
-    return plan.answers
+    await runtime.consume(
+        stream,
+        handle_record_event,
+        contract_topics={CODE_REVIEW_FINISHED.name: REVIEW_TASK_FINISHED.name},
+        parking=record_parking,
+    )
 
 
-def current_message() -> Any:
-    """The message the running agent is processing (its offset names the claim request)."""
-    event = faust.current_event()
-    if event is None:
-        raise RuntimeError("claim requests are processed inside the claims agent only")
-    return event.message
+def claim_request(raw: bytes) -> tuple[str | None, list[ApplicationRequest]]:
+    """The token and applications of a claim request (``{"token", "body"}``, the body one
+    application as a JSON object or several as an array; requests from before the token have
+    none)."""
+    request = orjson.loads(raw)
+    items = orjson.loads(request["body"])
+    applications = items if isinstance(items, list) else [items]
+    return request.get("token"), [ApplicationRequest.model_validate(item) for item in applications]
+
+
+async def process_claims(event: Any, batch: Batch) -> None:
+    """Claim the applications of one claim request: their records' ``apply.created`` events and
+    claims join the batch; the replies go to the waiting request once they are durable."""
+    message = event.message
+    try:
+        token, applications = claim_request(message.value)
+    except Exception as exc:  # not a claim request: dead-lettered, the partition goes on
+        batch.output(runtime.dead_letter(message, CODE_CLAIMS.name, exc, attempt=1))
+        return
+    plan = plan_claims(applications, claims.get, message.offset, message.partition, now_ms())
+    for outgoing in plan.events:
+        batch.output(runtime.outbound(outgoing))
+    batch.stage([claims.write(content_hash, made) for content_hash, made in plan.made.items()], event)
+    if token is not None:
+        replies = [answer.as_reply() for answer in plan.answers]
+        batch.after.append(functools.partial(claim_waiters.answer, token, replies))
 
 
 @app.agent(claims_topic)
-async def claim_applications(stream: Any) -> Any:
-    """Claim content hashes: allocate the records and emit apply.created. A request is one
-    application (JSON object, the single route) or several of one partition (JSON array, the
-    bulk route), answered with one reply or a list of them."""
-    async for request in stream:
-        message = current_message()
-        if request.body.startswith("["):
-            many = [ApplicationRequest.model_validate(item) for item in orjson.loads(request.body)]
-            yield [answer.as_reply() for answer in await claim_many(many, message.partition, message.offset)]
-        else:
-            one = [ApplicationRequest.model_validate_json(request.body)]
-            answers = await claim_many(one, message.partition, message.offset)
-            yield answers[0].as_reply()
+async def claim_applications(stream: Any) -> None:
+    """Claim content hashes: allocate the records and emit apply.created."""
+    await runtime.consume_batches(stream, process_claims)
+
+
+async def claims_moved(sender: Any, revoked: set[TP], **_: Any) -> None:
+    """Requests still waiting on a revoked claims partition are answered "retry" at once."""
+    claim_waiters.partitions_moved(tp.partition for tp in revoked if tp.topic == CODE_CLAIMS.name)
+
+
+app.on_partitions_revoked.connect(claims_moved)  # type: ignore[arg-type]  # mode's signal typing
+
+
+def owns_claims(partition: int) -> bool:
+    """Whether this worker holds claims ``partition`` (and its claims table partition)."""
+    try:
+        return TP(CODE_CLAIMS.name, partition) in app.consumer.assignment()
+    except Exception:  # the consumer not started yet
+        return False
+
+
+async def claim_here(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
+    """Claim ``applications`` (all of claims ``partition``, which this worker owns): produce one
+    claim request and wait for the claims agent's replies."""
+    token, replies = claim_waiters.expect(partition)
+    try:
+        items = [a.model_dump(mode="json", exclude_none=True) for a in applications]
+        value = orjson.dumps({"token": token, "body": orjson.dumps(items).decode()})
+        key = applications[0].content_hash.encode()
+        await runtime.producer.send(CODE_CLAIMS, value, key, partition=partition)
+        return await replies
+    finally:
+        claim_waiters.forget(token)
+
+
+async def ask_claims(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
+    """The claims agent's replies for applications of one claims partition: asked here when this
+    worker owns it, else of its owner (a peer call). ``ClaimMoved`` while ownership is unsettled
+    or the owner cannot be reached (the caller answers "retry")."""
+    if not await wait_settled(app):
+        raise ClaimMoved("partitions are being assigned; retry")
+    if owns_claims(partition):
+        return await claim_here(partition, applications)
+    owner = partition_owner_url(app, claims.table, partition)
+    if owner is None:
+        raise ClaimMoved(f"claims partition {partition} has no owner yet; retry")
+    body = orjson.dumps([a.model_dump(mode="json", exclude_none=True) for a in applications])
+    try:
+        status, answer = await peers.post(owner, PEER_CLAIMS.format(partition=partition), body)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ClaimMoved(f"owner of claims partition {partition} unreachable ({type(exc).__name__})") from exc
+    if status != 200:
+        raise ClaimMoved(f"owner of claims partition {partition} answered {status}")
+    replies: list[dict[str, Any]] = orjson.loads(answer)["replies"]
+    return replies
+
+
+@app.page(PEER_CLAIMS)
+class PeerClaims(faust.web.View):
+    """``POST`` (peer call): claim applications of a claims partition this worker owns."""
+
+    async def post(self, request: web.Request, partition: str) -> web.Response:
+        try:
+            body = await read_body(request, bulk.max_body_bytes, settings.http_body_timeout_s)
+        except RequestRefused as exc:
+            return exc.response()
+        if not is_peer_call(request, body, settings):
+            return json_error(401, "not a signed peer call", reason="peer_signature")
+        if not (partition.isascii() and partition.isdigit() and int(partition) < CODE_CLAIMS.partitions):
+            return json_error(400, "partition: not a claims partition", fields=["partition"])
+        number = int(partition)
+        if not partitions_settled(app) or not owns_claims(number):
+            return rebalancing_answer(f"claims partition {number} is not held here")
+        try:
+            applications = [ApplicationRequest.model_validate(item) for item in orjson.loads(body)]
+            replies = await asyncio.wait_for(claim_here(number, applications), CLAIM_TIMEOUT_S)
+        except (ClaimMoved, TimeoutError):
+            return rebalancing_answer(f"claims partition {number} moved")
+        except (ValueError, TypeError) as exc:
+            return json_error(
+                400, f"body: not a list of applications ({type(exc).__name__})", fields=["body"]
+            )
+        return json_response({"replies": replies})
 
 
 @route(app, APPLY)
@@ -201,29 +259,12 @@ class Applications(faust.web.View):
             return checked
         _, application = checked
         try:
-            reply = await asyncio.wait_for(ask_claim(application), CLAIM_TIMEOUT_S)
-        except TimeoutError:
-            return json_error(503, "claim timed out; retry with the same request_id", retry_after_s=1)
-        status, answer = application_answer(application.request_id, reply)
+            partition = claims_partition(application)
+            replies = await asyncio.wait_for(ask_claims(partition, [application]), CLAIM_TIMEOUT_S)
+        except (TimeoutError, ClaimMoved):
+            return json_error(503, "claim not answered; retry with the same request_id", retry_after_s=1)
+        status, answer = application_answer(application.request_id, replies[0])
         return json_response(answer, status)
-
-
-async def ask_claim(application: ApplicationRequest) -> dict[str, Any]:
-    """The claims agent's reply for one application (the single route)."""
-    reply: dict[str, Any] = await claim_applications.ask(
-        value=ClaimRequest(body=application.model_dump_json()),
-        key=application.content_hash.encode(),
-    )
-    return reply
-
-
-async def ask_claims(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
-    """The claims agent's replies for applications of one claims partition, in one request."""
-    body = orjson.dumps([a.model_dump(mode="json", exclude_none=True) for a in applications]).decode()
-    replies: list[dict[str, Any]] = await claim_applications.ask(
-        value=ClaimRequest(body=body), key=applications[0].content_hash.encode(), partition=partition
-    )
-    return replies
 
 
 def claims_partition(application: ApplicationRequest) -> int:

@@ -20,7 +20,7 @@ from app.api import DECIDE, TASKS
 from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, consume_each, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_topic
 from app.platform.http.openapi import route
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
 from app.platform.http.routing import (
@@ -45,19 +45,11 @@ runtime = GroupRuntime("review", "review-svc", app)
 install_common_views(app, "review")
 review_config = ReviewConfig()
 
-inputs = app.topic(
-    APPLY_CREATED.name,
-    REVIEW_DECISIONS.name,
-    partitions=APPLY_CREATED.partitions,
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
-)
+inputs = source_topic(app, APPLY_CREATED, REVIEW_DECISIONS)
 
 
 async def handle_review_input(envelope: Envelope[Any]) -> Effects:
-    """Dedup, then the pure review step, then a table write after the outputs are acked."""
+    """Dedup, then the pure review step; the task is written once the outputs are acked."""
     payload = envelope.payload
     key = str(payload.avcc_record_id)
     task = tasks.get(key)
@@ -68,21 +60,14 @@ async def handle_review_input(envelope: Envelope[Any]) -> Effects:
         new, outputs = review_created(task, envelope, now, review_config)
     else:
         new, outputs = human_decided(task, envelope, now)
-
-    def store() -> None:
-        tasks[key] = new
-
-    return Effects(outputs=outputs, apply=store)
+    return Effects(outputs=outputs, writes=[tasks.write(key, new)])
 
 
 @app.agent(inputs)
 async def review_tasks(stream: Any) -> None:
     """AI review of applications and human decisions, per record in order."""
 
-    async def review(event: Any) -> None:
-        await runtime.process(event, handle_review_input, parking=parking)
-
-    await consume_each(stream, review)
+    await runtime.consume(stream, handle_review_input, parking=parking)
 
 
 @route(app, TASKS)

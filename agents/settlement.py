@@ -21,7 +21,7 @@ from app.lifecycle.settlement.clearing import (
     is_duplicate,
 )
 from app.platform.faust.app import get_app
-from app.platform.faust.runtime import Effects, GroupRuntime, consume_each, now_ms
+from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_topic
 from app.platform.http.auth import signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
@@ -40,14 +40,7 @@ settings = get_settings()
 runtime = GroupRuntime("settlement", "settlement-svc", app)
 install_common_views(app, "settlement")
 
-confirmed = app.topic(
-    CHAIN_TX_CONFIRMED.name,
-    partitions=CHAIN_TX_CONFIRMED.partitions,
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
-)
+confirmed = source_topic(app, CHAIN_TX_CONFIRMED)
 
 
 async def handle_confirmed(envelope: Envelope[Any]) -> Effects:
@@ -60,21 +53,14 @@ async def handle_confirmed(envelope: Envelope[Any]) -> Effects:
     if is_duplicate(previous, envelope):
         return Effects(duplicate=True)
     record = clearing_update(previous, envelope, now_ms())
-
-    def store() -> None:
-        clearing[key] = record
-
-    return Effects(apply=store)
+    return Effects(writes=[clearing.write(key, record)])
 
 
 @app.agent(confirmed)
 async def track_clearing(stream: Any) -> None:
     """chain.tx.confirmed (settlement) -> clearing status."""
 
-    async def settle(event: Any) -> None:
-        await runtime.process(event, handle_confirmed, parking=parking)
-
-    await consume_each(stream, settle)
+    await runtime.consume(stream, handle_confirmed, parking=parking)
 
 
 @route(app, SUBMIT_INSTRUCTION)

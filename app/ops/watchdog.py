@@ -25,7 +25,6 @@ from app.ops.lag.snapshot import PartitionOffsets
 __all__ = [
     "RecoveryWatch",
     "StallWatchdog",
-    "consumer_view",
     "exit_recovery_stalled",
     "exit_stalled",
     "task_stacks",
@@ -108,29 +107,6 @@ def task_stacks(frames: int = 12) -> str:
     return out.getvalue()
 
 
-def consumer_view(consumer: Any, stalled: Iterable[tuple[str, int]]) -> str:
-    """faust's bookkeeping of the stalled partitions: committed and last read offsets, acked
-    offsets waiting for the head, and whether the partition is assigned and not paused."""
-    parts: list[str] = []
-    try:
-        assigned = {(tp.topic, tp.partition): tp for tp in consumer.assignment()}
-        paused = {(tp.topic, tp.partition) for tp in consumer._paused_partitions}
-        for key in stalled:
-            tp = assigned.get(key)
-            if tp is None:
-                parts.append(f"{key[0]}[{key[1]}] not assigned here")
-                continue
-            acked = sorted(consumer._acked.get(tp, ()))
-            parts.append(
-                f"{key[0]}[{key[1]}] faust committed={consumer._committed_offset.get(tp)} "
-                f"read={consumer._read_offset.get(tp)} acked={acked[:3]}..({len(acked)}) "
-                f"paused={key in paused}"
-            )
-    except Exception as exc:
-        parts.append(f"consumer state unavailable: {exc!r}")
-    return "; ".join(parts)
-
-
 def exit_stalled(
     group: str,
     stalled: list[tuple[str, int]],
@@ -138,8 +114,9 @@ def exit_stalled(
     offsets: Iterable[PartitionOffsets] = (),
     consumer: str = "",
 ) -> None:
-    """Log why (the stalled partitions' offsets, the ``consumer``'s own view of them, every
-    task's awaits) and exit at once (no graceful shutdown: the stuck consumer may hang it)."""
+    """Log why (the stalled partitions' offsets, the ``consumer``'s own view of them -- the next
+    offsets its agents expect --, every task's awaits) and exit at once (no graceful shutdown:
+    the stuck consumer may hang it)."""
     wanted = set(stalled)
     rows = "; ".join(
         f"{r.topic}[{r.partition}] committed={r.committed} lag={r.lag}"

@@ -15,14 +15,12 @@ class GroupSpec:
     module: str
     port_offset: int
     source: str
-    #: Its agents answer faust ``ask`` requests, so each worker needs a reply topic.
-    uses_replies: bool = False
     #: It serves signed ``/v1/`` routes, so each worker claims and reads the shared nonces.
     signed_routes: bool = False
 
 
 GROUPS: tuple[GroupSpec, ...] = (
-    GroupSpec("code", "agents.code", 1, "code-svc", uses_replies=True, signed_routes=True),
+    GroupSpec("code", "agents.code", 1, "code-svc", signed_routes=True),
     GroupSpec("review", "agents.review", 2, "review-svc", signed_routes=True),
     GroupSpec("chain", "agents.chain", 3, "chain-svc"),
     GroupSpec("settlement", "agents.settlement", 4, "settlement-svc", signed_routes=True),

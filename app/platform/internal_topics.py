@@ -49,11 +49,8 @@ def changelog_specs(groups: Iterable[GroupSpec] = GROUPS) -> list[TopicSpec]:
 
 
 def reply_specs(groups: Iterable[GroupSpec]) -> list[TopicSpec]:
-    """The reply topic of each group (faust subscribes it even when no agent asks).
-
-    Groups that ask (faust request/reply) get one per process (``app.conf.reply_to``), so it is
-    created when the worker starts; the others share a stable, idle one.
-    """
+    """The reply topic of each group: faust subscribes it even though no agent asks (it stays
+    empty), so every worker of the group shares one stable topic."""
     specs: list[TopicSpec] = []
     for group in groups:
         specs.append(

@@ -269,44 +269,47 @@ OPERATOR_LOGIN_FAILURES = Counter(
 __all__ += ["OPERATOR_LOGIN_FAILURES"]
 
 # --- faust replies (app/platform/faust/app.py) -----------------------------------------------------
-REPLIES_DROPPED = Counter(
-    "avcc_replies_dropped_total",
-    "Agent replies dropped instead of crashing the reply consumer: nobody_waiting (a duplicate, or "
-    "late after the asker gave up) or already_answered (a duplicate racing the first delivery)",
-    ["app", "reason"],
+OFFSET_DECISIONS = Counter(
+    "avcc_consumer_offset_decisions_total",
+    "Messages of a core group's input not processed in line, by decision: redelivered (below the "
+    "next offset: processed already), sought_back (past it: the partition is fetched again), "
+    "not_assigned, tail_sought (nothing arrived while the partition's end stayed past it), "
+    "lost_to_retention (offsets deleted before they were processed)",
+    ["agent", "topic", "decision"],
     registry=REGISTRY,
 )
-__all__ += ["REPLIES_DROPPED"]
-HEAD_RESEEKS = Counter(
-    "avcc_consumer_head_reseeks_total",
-    "Partitions fetched again from an offset that was read but never acked nor held by a stream",
-    ["app", "topic"],
+__all__ += ["OFFSET_DECISIONS"]
+BATCH_EVENTS = Histogram(
+    "avcc_batch_events",
+    "Events a core agent processed per batch (one produce, one wait for acks, one commit each)",
+    ["agent"],
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
     registry=REGISTRY,
 )
-__all__ += ["HEAD_RESEEKS"]
-FETCH_SKIPS = Counter(
-    "avcc_consumer_fetch_skips_total",
-    "Offsets a fetch jumped over on a stream topic (never taken as processed: fetched again)",
-    ["app", "topic"],
+__all__ += ["BATCH_EVENTS"]
+BATCH_SECONDS = Histogram(
+    "avcc_batch_seconds",
+    "Time a core agent took to make one batch durable and commit it",
+    ["agent"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
-__all__ += ["FETCH_SKIPS"]
-FETCH_HELD_BACK = Counter(
-    "avcc_consumer_fetch_held_back_total",
-    "Stream partitions whose messages fetched during a rebalance were held back (fetched again "
-    "once it ended)",
-    ["app", "topic"],
+__all__ += ["BATCH_SECONDS"]
+BATCH_FAILURES = Counter(
+    "avcc_batch_failures_total",
+    "Batches whose outputs or table writes could not be made durable (sent again with backoff)",
+    ["agent"],
     registry=REGISTRY,
 )
-__all__ += ["FETCH_HELD_BACK"]
-PRODUCER_SEND_RETRIES = Counter(
-    "avcc_producer_send_retries_total",
-    "Buffered writes (table changelogs) the Kafka client refused for a passing reason and that "
-    "were sent again",
-    ["topic"],
+__all__ += ["BATCH_FAILURES"]
+COMMIT_FAILURES = Counter(
+    "avcc_commit_failures_total",
+    "Offset commits of a core agent that failed: rebalanced (a new owner replays the batch; the "
+    "event-id dedup absorbs it) or unavailable (committed with the next batch)",
+    ["agent", "reason"],
     registry=REGISTRY,
 )
-__all__ += ["PRODUCER_SEND_RETRIES"]
+__all__ += ["COMMIT_FAILURES"]
 PRODUCER_DELIVERY_FAILURES = Counter(
     "avcc_producer_delivery_failures_total",
     "Messages of an unacknowledged producer profile (playback) the broker never stored",

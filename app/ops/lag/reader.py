@@ -25,7 +25,6 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
-from app.platform.faust.app import tansu_like_broker
 from app.platform.kafka.clients import admin_client, consumer_config
 from app.platform.metrics import LAG_MONITOR_ERRORS
 from app.platform.settings import Settings
@@ -59,7 +58,7 @@ class OffsetReader:
         self.config = config if config is not None else LagSettings()
         self.clock = clock
         probe = self.config.probe_end_offsets
-        self.probe = tansu_like_broker(settings) if probe is None else probe
+        self.probe = bool(probe)
         self._lock = threading.Lock()
         self._admin: Any = None
         self._consumer: Any = None

@@ -9,21 +9,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 import faust
-from faust.agents.models import ReqRepResponse
-from faust.agents.replies import ReplyConsumer
-from faust.models import maybe_model
-from mode.utils.objects import cached_property
 
-from app.platform.faust import transport
 from app.platform.groups import group_spec
 from app.platform.http.counting import count_requests
 from app.platform.http.headers import security_headers
 from app.platform.http.operators import OperatorGuard, operator_login
-from app.platform.metrics import REPLIES_DROPPED
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import reply_topic
 
-__all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app", "tansu_like_broker"]
+__all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app"]
 
 
 def consumer_group_id(group: str) -> str:
@@ -61,82 +55,12 @@ def _credentials(settings: Settings) -> Any:
     )
 
 
-#: Cluster id the embedded Tansu broker reports unless told otherwise.
-TANSU_CLUSTER_ID = "tansu_cluster"
-
-
-_TANSU_LIKE: dict[str, bool] = {}
-
-
-def tansu_like_broker(settings: Settings) -> bool:
-    """Whether the broker is Tansu-like: a high watermark that counts only the first record of
-    the last batch, and fetches answered only when their wait expires (see the setting's doc).
-
-    Probed once per bootstrap address; an unreachable broker gets the careful answer (True).
-    """
-    if settings.kafka_single_record_batches is not None:
-        return settings.kafka_single_record_batches
-    bootstrap = settings.kafka_bootstrap
-    if bootstrap not in _TANSU_LIKE:
-        from app.platform.kafka.clients import admin_client
-
-        try:
-            admin = admin_client(settings, log_level=0)
-            _TANSU_LIKE[bootstrap] = str(admin.list_topics(timeout=3).cluster_id) == TANSU_CLUSTER_ID
-        except Exception:  # the broker is not reachable yet: assume the careful setting
-            _TANSU_LIKE[bootstrap] = True
-    return _TANSU_LIKE[bootstrap]
-
-
-class _ReplyConsumer(ReplyConsumer):
-    """faust's reply consumer with an ack-free reply topic, tolerant of duplicate replies.
-
-    faust reads replies with ``async for`` and so never acks the last reply; a worker that waits
-    for its streams at a rebalance or shutdown (``stream_wait_empty``) then waits forever.
-    Replies are not offsets anybody commits, so the topic is not tracked for acks at all.
-
-    faust's reply producer is not idempotent: after a lost acknowledgement (a broker failover)
-    or a redelivered request (a rebalance) a reply can arrive twice, and faust's
-    ``ReplyPromise.fulfill`` then raises ``InvalidStateError`` on the finished future, which
-    stops the reply consumer and crashes the worker. A reply is delivered to each waiting
-    promise once; its correlation id is then forgotten, so a duplicate finds nobody waiting.
-    Each dropped reply is counted in ``avcc_replies_dropped_total``.
-    """
-
-    async def _drain_replies(self, channel: Any) -> None:
-        app_id = str(self.app.conf.id)
-        async for reply in channel.stream():
-            promises = list(self._waiting.pop(reply.correlation_id, ()))
-            if not promises:
-                REPLIES_DROPPED.labels(app_id, "nobody_waiting").inc()
-            for promise in promises:
-                if promise.done():
-                    REPLIES_DROPPED.labels(app_id, "already_answered").inc()
-                else:
-                    promise.fulfill(reply.correlation_id, maybe_model(reply.value))
-
-    def _reply_topic(self, topic: str) -> Any:
-        return self.app.topic(
-            topic,
-            partitions=1,
-            replicas=self.app.conf.topic_replication_factor,
-            deleting=True,
-            retention=self.app.conf.reply_expires,
-            value_type=ReqRepResponse,
-            acks=False,
-        )
-
-
 class AvccApp(faust.App):
     """The faust App of an agent group."""
 
     #: The operator login of this worker's pages (see :mod:`app.platform.http.operators`), shared
     #: by every page so its failed-login limits hold across them; set by :func:`create_app`.
     operator_guard: OperatorGuard | None = None
-
-    @cached_property
-    def _reply_consumer(self) -> ReplyConsumer:
-        return _ReplyConsumer(self, loop=self.loop, beacon=self.beacon)
 
 
 def create_app(
@@ -147,10 +71,10 @@ def create_app(
     reply_to: str | None = None,
     **overrides: Any,
 ) -> faust.App:
-    """A faust App (= consumer group ``app_id``) with the pipeline's transport and settings.
+    """A faust App (= consumer group ``app_id``) with the pipeline's settings.
 
-    ``reply_to`` names a stable reply topic (``None``: faust's per-process one, for apps that
-    ask); ``overrides`` are further faust settings (tests use a shorter commit interval). Its web
+    ``reply_to`` names the stable reply topic faust subscribes (no agent here asks: it stays
+    empty; ``None``: faust's per-process one); ``overrides`` are further faust settings. Its web
     server counts every answer in ``avcc_http_requests_total`` (:func:`count_requests`), adds the
     security headers (:func:`security_headers`) and asks for an operator login on every page that
     is not ``/v1/`` (signed) or a probe (:func:`operator_login`).
@@ -158,10 +82,9 @@ def create_app(
     settings = get_settings()
     settings.check_bind()
     advertised = settings.advertised_url(web_port)
-    tansu_like = tansu_like_broker(settings)
     guard = OperatorGuard.from_settings(settings)
     options: dict[str, Any] = {
-        "broker": f"{transport.SCHEME}://{settings.kafka_bootstrap}",
+        "broker": f"kafka://{settings.kafka_bootstrap}",
         "broker_credentials": _credentials(settings),
         "store": "rocksdb://",
         "datadir": str(datadir),
@@ -190,18 +113,11 @@ def create_app(
         "stream_wait_empty": True,
         "reply_create_topic": True,
         "reply_to": reply_to,
-        "producer_max_batch_size": 1 if tansu_like else 16384,
         "web_application_options": {"middlewares": [count_requests, security_headers, operator_login(guard)]},
         **overrides,
     }
     app = AvccApp(app_id, **options)
     app.operator_guard = guard
-    if tansu_like:
-        transport.set_fetch_max_wait_ms(
-            app_id, transport.FETCH_MAX_WAIT_MS, settings.kafka_idle_fetch_max_wait_ms
-        )
-    else:
-        transport.set_fetch_max_wait_ms(app_id, transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS)
     return app
 
 
@@ -214,6 +130,5 @@ def get_app(group: str) -> faust.App:
         consumer_group_id(group),
         datadir=settings.resolve_data_path("workers", group),
         web_port=settings.web_port + spec.port_offset,
-        # groups that never ask share one stable (idle) reply topic; askers need their own
-        reply_to=None if spec.uses_replies else reply_topic(group),
+        reply_to=reply_topic(group),
     )

@@ -1,4 +1,4 @@
-"""What a group's event handler asks the runtime to do: events to produce, then a state change.
+"""What a group's event handler asks the runtime to do: events to produce, then state changes.
 
 Kept apart from the runtime (and from faust) so the domain packages can build their outputs
 without importing a stream processor.
@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from app.platform.topics import TopicSpec
 from schemas.envelope import Envelope
+
+if TYPE_CHECKING:
+    from app.platform.faust.tables import Write
 
 __all__ = ["Effects", "Handler", "Outgoing"]
 
@@ -29,12 +32,16 @@ class Outgoing:
 
 @dataclass(slots=True)
 class Effects:
-    """What a handler wants done: outputs to produce, then a state change to apply.
+    """What a handler wants done: outputs to produce, then table writes to make durable.
 
-    ``duplicate`` marks an event already processed (counted, nothing done).
+    ``writes`` are staged at once (later events of the same batch read them) and applied only
+    after every output of the batch is acknowledged; ``apply`` is called after that (effects
+    outside the tables, e.g. answering a waiting request). ``duplicate`` marks an event already
+    processed (counted, nothing done).
     """
 
     outputs: list[Outgoing] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
     apply: Callable[[], None] | None = None
     duplicate: bool = False
 

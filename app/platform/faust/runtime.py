@@ -1,38 +1,41 @@
-"""Consumer runtime of the core agent groups.
+"""The error policy and per-event path of the core agent groups, run in batches.
 
-Each agent's ``async for`` loop hands every event to :meth:`GroupRuntime.process`, which
+Each agent hands its stream to :meth:`GroupRuntime.consume`, which runs it in batches that own
+their offsets (:mod:`app.platform.faust.batches`). Every event of a batch goes through
+:meth:`GroupRuntime.processor`, which
 
 1. skips retry-topic redeliveries meant for another group,
 2. parks the event behind an earlier event of the same key that waits in the retry path,
 3. decodes and validates it (bad bytes / schema violations -> DLQ at once),
 4. calls the agent's pure handler, retrying retriable failures with in-process backoff,
-5. produces the handler's outputs with the core profile and waits for the acks, and only then
-   applies the handler's state change (so a crash in between replays to the same outputs,
-   which carry deterministic event ids and are deduplicated downstream),
-6. forwards a message whose retries are spent to the retry topic, or dead-letters it.
+5. adds the handler's outputs to the batch and stages its table writes (the batch produces all
+   outputs at once, waits for the acks and only then makes the writes durable, so a crash in
+   between replays to the same outputs, which carry deterministic event ids and are
+   deduplicated downstream),
+6. forwards a message whose retries are spent to the retry topic, or dead-letters it (with the
+   batch's outputs).
 
-faust commits the input offset only after this returns and the changelog is flushed.
+The batch's input offsets are committed only once all of that is durable.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import faust
-import orjson
 
 from app.platform.contracts import decode_event
+from app.platform.faust.batches import Batch, BatchAgent, Process, source_topic
 from app.platform.faust.effects import Effects, Handler, Outgoing
-from app.platform.faust.tables import parking_table
+from app.platform.faust.tables import ModelTable, ParkedIds, Write, parking_table
 from app.platform.kafka.partitioner import record_key
-from app.platform.kafka.producers import EventProducer, Headers
+from app.platform.kafka.producers import EventProducer, Headers, Outbound
 from app.platform.metrics import (
     DEDUP_HITS,
     DLQ_MESSAGES,
@@ -53,14 +56,13 @@ __all__ = [
     "HEADER_PARKED",
     "HEADER_RETRY_ROUND",
     "HEADER_TARGET_GROUP",
+    "Batch",
     "Effects",
     "GroupRuntime",
-    "KeyedConcurrency",
     "Outgoing",
-    "consume_each",
     "header_value",
     "now_ms",
-    "until_done",
+    "source_topic",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,31 +102,31 @@ def _plain_headers(headers: Any) -> list[tuple[str, bytes]]:
 class _ParkingLot:
     """Per-key queue of message ids waiting in the retry path, kept in a changelogged table."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: ModelTable[ParkedIds]) -> None:
         self.table = table
 
-    def ids(self, key: bytes) -> list[str]:
-        raw = self.table.get(key)
-        return list(orjson.loads(raw)) if raw else []
+    def ids(self, key: str) -> list[str]:
+        parked = self.table.get(key)
+        return list(parked.root) if parked is not None else []
 
-    def _store(self, key: bytes, ids: Sequence[str]) -> None:
-        if ids:
-            self.table[key] = orjson.dumps(list(ids))
-        elif key in self.table:
-            del self.table[key]
+    def _store(self, key: str, ids: Sequence[str]) -> Write:
+        return self.table.write(key, ParkedIds(list(ids)) if ids else None)
 
-    def append(self, key: bytes, message_id: str) -> None:
+    def append(self, key: str, message_id: str) -> Write:
         ids = self.ids(key)
         if message_id not in ids:
             ids.append(message_id)
-        self._store(key, ids)
+        return self._store(key, ids)
 
-    def remove(self, key: bytes, message_id: str) -> None:
-        self._store(key, [i for i in self.ids(key) if i != message_id])
+    def remove(self, key: str, message_id: str) -> Write | None:
+        ids = self.ids(key)
+        if message_id not in ids:
+            return None
+        return self._store(key, [i for i in ids if i != message_id])
 
 
 class GroupRuntime:
-    """Decode/dedup/retry/park/produce machinery shared by the agents of one group."""
+    """Decode/dedup/retry/park machinery and the batch agents of one group."""
 
     def __init__(self, group: str, source: str, app: faust.App) -> None:
         self.group = group
@@ -132,9 +134,11 @@ class GroupRuntime:
         self.app = app
         self.settings = get_settings()
         self.policy = RetryPolicy.from_settings(self.settings)
+        self.agents: list[BatchAgent] = []
         self._producer: EventProducer | None = None
         self._producer_lock = threading.Lock()
         app.task(self._start_producer)
+        app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]  # mode's typing
 
     async def _start_producer(self) -> None:
         """Create and verify the producer at worker start, off the event loop (it blocks)."""
@@ -156,67 +160,99 @@ class GroupRuntime:
             self._producer.close()
             self._producer = None
 
-    def parking_table(self, name: str, partitions: int) -> Any:
+    def parking_table(self, name: str, partitions: int) -> ModelTable[ParkedIds]:
         """A changelogged table of parked message ids, co-partitioned with its stream."""
         return parking_table(self.app, name, partitions)
 
-    async def emit(self, outputs: Iterable[Outgoing]) -> None:
-        """Produce ``outputs`` with the core profile and wait for every ack."""
-        batch = [(o.topic, encode_event(o.envelope), record_key(o.avcc_record_id), None) for o in outputs]
-        if not batch:
-            return
-        await self.producer.send_many(batch)
-        for o in outputs:
-            EVENTS_OUT.labels(self.group, o.topic.name).inc()
+    def outbound(self, outgoing: Outgoing) -> Outbound:
+        """The message of ``outgoing`` (keyed by its record), counted as produced."""
+        EVENTS_OUT.labels(self.group, outgoing.topic.name).inc()
+        return Outbound(outgoing.topic, encode_event(outgoing.envelope), record_key(outgoing.avcc_record_id))
 
-    async def process(
+    async def emit(self, outputs: Iterable[Outgoing]) -> None:
+        """Produce ``outputs`` with the core profile and wait for every ack (HTTP routes)."""
+        await self.producer.send_batch([self.outbound(o) for o in outputs])
+
+    async def _on_revoked(self, app: Any, revoked: set[Any], **_: Any) -> None:
+        """faust's ``on_partitions_revoked`` signal: every agent finishes its batch and commits."""
+        await asyncio.gather(*(agent.revoke(revoked) for agent in self.agents))
+
+    async def consume(
         self,
-        event: Any,
+        stream: Any,
         handler: Handler,
         *,
-        topic: str | None = None,
-        parking: Any | None = None,
+        contract_topics: Mapping[str, str] | None = None,
+        parking: ModelTable[ParkedIds] | None = None,
+        concurrency: int | None = None,
     ) -> None:
-        """Run ``handler`` on one event under the error policy (see the module docstring).
+        """Run an agent's ``stream`` of envelopes through ``handler`` in batches (see
+        :meth:`processor`) until the worker stops; ``concurrency``: keys processed at once."""
+        process = self.processor(handler, contract_topics=contract_topics, parking=parking)
+        await self.consume_batches(stream, process, concurrency=concurrency)
 
-        ``topic`` is the contract topic when the event arrives through an internal topic;
+    async def consume_batches(self, stream: Any, process: Process, *, concurrency: int | None = None) -> None:
+        """Run an agent's ``stream`` in batches that own their offsets, each event through
+        ``process`` (:class:`~app.platform.faust.batches.BatchAgent`)."""
+        topics = [str(t) for t in stream.channel.topics]
+        name = f"{self.group}:{stream.channel.topics[0]}"
+        agent = BatchAgent(self.app, name, topics, process, lambda: self.producer, concurrency=concurrency)
+        self.agents.append(agent)
+        try:
+            await agent.run(stream)
+        finally:
+            self.agents.remove(agent)
+
+    def processor(
+        self,
+        handler: Handler,
+        *,
+        contract_topics: Mapping[str, str] | None = None,
+        parking: ModelTable[ParkedIds] | None = None,
+    ) -> Process:
+        """The per-event path of the module docstring for ``handler``.
+
+        ``contract_topics`` maps an internal topic to the contract topic its events follow;
         ``parking`` a table from :meth:`parking_table` (per-record order while retrying).
         """
-        message = event.message
-        contract_topic = topic or message.topic
-        target = header_value(message.headers, HEADER_TARGET_GROUP)
-        if target is not None and target.decode() != self.group:
-            return
-        redelivered = target is not None
-        EVENTS_IN.labels(self.group, contract_topic).inc()
+        renamed = dict(contract_topics or {})
         lot = _ParkingLot(parking) if parking is not None else None
-        key = message.key if isinstance(message.key, bytes) else None
-        message_id = self._message_id(message, contract_topic)
 
-        if lot is not None and key is not None:
-            waiting = lot.ids(key)
-            if waiting and not (redelivered and waiting[0] == message_id):
-                await self._to_retry_topic(message, contract_topic, None, parked=True)
-                lot.append(key, message_id)
+        async def process(event: Any, batch: Batch) -> None:
+            message = event.message
+            contract_topic = renamed.get(message.topic, message.topic)
+            target = header_value(message.headers, HEADER_TARGET_GROUP)
+            if target is not None and target.decode() != self.group:
                 return
+            redelivered = target is not None
+            EVENTS_IN.labels(self.group, contract_topic).inc()
+            key = message.key.decode(errors="replace") if isinstance(message.key, bytes) else None
+            message_id = self._message_id(message, contract_topic)
+            if lot is not None and key is not None:
+                waiting = lot.ids(key)
+                if waiting and not (redelivered and waiting[0] == message_id):
+                    batch.output(self._to_retry_topic(message, contract_topic, None, parked=True))
+                    batch.stage([lot.append(key, message_id)], event)
+                    return
+            started = time.perf_counter()
+            forwarded = await self._run(event, contract_topic, handler, batch)
+            PROCESSING_SECONDS.labels(self.group, contract_topic).observe(time.perf_counter() - started)
+            if lot is not None and key is not None:
+                write = lot.append(key, message_id) if forwarded else lot.remove(key, message_id)
+                if write is not None:
+                    batch.stage([write], event)
 
-        started = time.perf_counter()
-        forwarded = await self._run(message, contract_topic, handler)
-        PROCESSING_SECONDS.labels(self.group, contract_topic).observe(time.perf_counter() - started)
-        if lot is not None and key is not None:
-            if forwarded:
-                lot.append(key, message_id)
-            else:
-                lot.remove(key, message_id)
+        return process
 
-    async def _run(self, message: Any, topic: str, handler: Handler) -> bool:
+    async def _run(self, event: Any, topic: str, handler: Handler, batch: Batch) -> bool:
         """Decode and handle; returns True when the message went to the retry topic."""
+        message = event.message
         try:
             envelope = decode_event(topic, message.value)
         except Exception as exc:  # undecodable or invalid: the policy dead-letters it
             if classify(exc) == "retriable":
                 raise
-            await self.dead_letter(message, topic, exc, attempt=1)
+            batch.output(self.dead_letter(message, topic, exc, attempt=1))
             return False
         EVENT_AGE.labels(self.group, topic).observe(max(0.0, (now_ms() - envelope.timestamp) / 1000))
         attempt = 0
@@ -227,9 +263,11 @@ class GroupRuntime:
                 if effects.duplicate:
                     DEDUP_HITS.labels(self.group, topic).inc()
                     return False
-                await self.emit(effects.outputs)
+                for outgoing in effects.outputs:
+                    batch.output(self.outbound(outgoing))
+                batch.stage(effects.writes, event)
                 if effects.apply is not None:
-                    effects.apply()
+                    batch.after.append(effects.apply)
                 return False
             except Exception as exc:  # the error policy decides; nothing is swallowed silently
                 attempt += 1
@@ -243,11 +281,18 @@ class GroupRuntime:
                     await asyncio.sleep(delay)
                     continue
                 if decision == "retry_topic":
-                    await self._to_retry_topic(
-                        message, topic, exc, attempt=attempt, first_failure=first_failure, envelope=envelope
+                    batch.output(
+                        self._to_retry_topic(
+                            message,
+                            topic,
+                            exc,
+                            attempt=attempt,
+                            first_failure=first_failure,
+                            envelope=envelope,
+                        )
                     )
                     return True
-                await self.dead_letter(message, topic, exc, attempt, first_failure, envelope)
+                batch.output(self.dead_letter(message, topic, exc, attempt, first_failure, envelope))
                 return False
 
     def _log_failure(
@@ -316,7 +361,7 @@ class GroupRuntime:
             reinjected_count=int(header_value(message.headers, "avcc-reinjected-count") or b"0"),
         )
 
-    async def _to_retry_topic(
+    def _to_retry_topic(
         self,
         message: Any,
         topic: str,
@@ -326,7 +371,8 @@ class GroupRuntime:
         attempt: int = 0,
         first_failure: int = 0,
         envelope: Envelope[Any] | None = None,
-    ) -> None:
+    ) -> Outbound:
+        """The retry-topic message of ``message`` (``parked``: behind an earlier failed one)."""
         rounds = int(header_value(message.headers, HEADER_RETRY_ROUND) or b"0")
         # a parked message is due at once: it still waits behind the failed one in its partition
         not_before = now_ms() if parked else now_ms() + int(self.policy.topic_delay_s * 1000)
@@ -338,10 +384,10 @@ class GroupRuntime:
             (HEADER_RETRY_ROUND, str(rounds if parked else rounds + 1).encode()),
             (HEADER_PARKED, b"1" if parked else b"0"),
         ]
-        await self.producer.send(RETRY, message.value or b"", message.key, headers)
         RETRY_TOPIC_MESSAGES.labels(self.group, topic, "parked" if parked else "failed").inc()
+        return Outbound(RETRY, message.value or b"", message.key, headers)
 
-    async def dead_letter(
+    def dead_letter(
         self,
         message: Any,
         topic: str,
@@ -349,11 +395,10 @@ class GroupRuntime:
         attempt: int,
         first_failure: int = 0,
         envelope: Envelope[Any] | None = None,
-    ) -> None:
-        """Send ``message`` to the DLQ with its failure metadata and stack trace."""
+    ) -> Outbound:
+        """The DLQ message of ``message``, with its failure metadata and stack trace."""
         meta = self._metadata(message, topic, exc, attempt, first_failure, envelope)
         headers: Headers = [*_plain_headers(message.headers), *meta.to_headers()]
-        await self.producer.send(DLQ, message.value or b"", message.key, headers)
         DLQ_MESSAGES.labels(self.group, topic, meta.error_class).inc()
         log.error(
             "dead-lettered group=%s topic=%s partition=%s offset=%s event_id=%s error=%s: %s",
@@ -365,6 +410,7 @@ class GroupRuntime:
             meta.error_class,
             meta.error_message,
         )
+        return Outbound(DLQ, message.value or b"", message.key, headers)
 
 
 def _qualname(exc: BaseException) -> str:
@@ -374,74 +420,3 @@ def _qualname(exc: BaseException) -> str:
 
 def _stack(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
-
-
-#: Backoff bounds (seconds) of an event whose processing failed outside the error policy.
-UNDONE_RETRY_S: tuple[float, float] = (0.5, 10.0)
-
-
-async def until_done(work: Callable[[Any], Awaitable[None]], event: Any) -> None:
-    """Run ``work(event)`` until it returns. A failure outside the error policy (the broker
-    unreachable even for the retry topic or the DLQ, a relay that could not produce) is retried
-    in place with backoff, so the event is neither acked unprocessed nor overtaken by later
-    events of its key; the stall watchdog restarts a worker stuck here for ``AVCC_WORKER_STALL_S``."""
-    delay = UNDONE_RETRY_S[0]
-    while True:
-        try:
-            await work(event)
-            return
-        except Exception:
-            log.exception("processing failed outside the error policy; the event is retried in %.1f s", delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, UNDONE_RETRY_S[1])
-
-
-async def consume_each(stream: Any, work: Callable[[Any], Awaitable[None]]) -> None:
-    """Consume ``stream`` one event at a time, acking each only once ``work`` is done with it.
-
-    faust acks the event an agent was on when its loop raised or was cancelled (the stream's
-    ``finally``), which let a failed produce commit an event nobody processed (seen in the
-    scale-out failover: a record issued without its ``review.task.finished`` ever applied)."""
-    quiet = stream.noack()
-    async for event in quiet.events():
-        await until_done(work, event)
-        await quiet.ack(event)
-
-
-class KeyedConcurrency:
-    """Processes a stream's events concurrently while keeping per-key order.
-
-    Events of one key run one after the other; events of different keys overlap, up to
-    ``limit`` at once. Each event is acked only once its processing finished, so faust commits
-    an offset only when every event before it in the partition is done (at-least-once holds).
-    Used where one event waits on something slow but batchable (a chain block).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._slots = asyncio.Semaphore(limit)
-        self._tails: dict[bytes | None, asyncio.Task[None]] = {}
-
-    async def run(self, stream: Any, work: Callable[[Any], Awaitable[None]]) -> None:
-        """Consume ``stream`` (created with ``.noack()``) until it ends."""
-        async for event in stream.events():
-            await self._slots.acquire()
-            key = event.message.key
-            previous = self._tails.get(key)
-            task = asyncio.create_task(self._one(stream, event, work, previous))
-            self._tails[key] = task
-            task.add_done_callback(functools.partial(self._forget, key))
-
-    async def _one(
-        self, stream: Any, event: Any, work: Callable[[Any], Awaitable[None]], previous: Any
-    ) -> None:
-        try:
-            if previous is not None:
-                await asyncio.wait([previous])
-            await until_done(work, event)
-            await stream.ack(event)
-        finally:
-            self._slots.release()
-
-    def _forget(self, key: bytes | None, task: asyncio.Task[None]) -> None:
-        if self._tails.get(key) is task:
-            del self._tails[key]

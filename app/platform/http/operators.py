@@ -1,7 +1,8 @@
 """Operator login (HTTP Basic) of every page that is neither a signed ``/v1/`` endpoint nor a probe.
 
-Open without a login: routes under ``/v1/`` (each one checks its HMAC signature itself) and the
-machine views :data:`OPEN_ROUTES` (``/health``, ``/ready``, ``/metrics``, and ``/openapi.json``:
+Open without a login: routes under ``/v1/`` (each one checks its HMAC signature itself), under
+``/peer/`` (calls between workers, each checking its peer signature: :mod:`app.platform.http.peers`)
+and the machine views :data:`OPEN_ROUTES` (``/health``, ``/ready``, ``/metrics``, and ``/openapi.json``:
 public documentation). Everything else a worker
 serves - the DLQ console, ``/records``, ``/lag``, ``/lag.json``, faust's index, any page added
 later - answers only to an operator of ``settings.effective_operators()``: deny by default, so a
@@ -47,8 +48,10 @@ log = logging.getLogger(__name__)
 
 #: Routes (as registered) every worker serves to machines without a login.
 OPEN_ROUTES: Final = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
-#: Routes under this prefix are HMAC-signed partner endpoints: they authenticate themselves.
+#: Routes under these prefixes authenticate themselves: HMAC-signed partner endpoints, and calls
+#: between workers signed with the peer key.
 SIGNED_PREFIX: Final = "/v1/"
+PEER_PREFIX: Final = "/peer/"
 #: ``request[OPERATOR_ATTRIBUTE]`` holds the operator name once the guard let a request in.
 OPERATOR_ATTRIBUTE: Final = web.RequestKey("avcc_operator", str)
 #: One realm for every operator page, so a browser reuses the login across them.
@@ -68,7 +71,7 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def is_open_route(route: str) -> bool:
     """Whether the registered route ``route`` is served without an operator login."""
-    return route.startswith(SIGNED_PREFIX) or route in OPEN_ROUTES
+    return route.startswith((SIGNED_PREFIX, PEER_PREFIX)) or route in OPEN_ROUTES
 
 
 class FailedLogins:

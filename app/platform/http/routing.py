@@ -40,6 +40,7 @@ __all__ = [
     "is_forwarded",
     "is_local",
     "owner_url",
+    "partition_owner_url",
     "partitions_settled",
     "rebalancing_answer",
     "record_request",
@@ -125,10 +126,14 @@ def rebalancing_answer(what: str = "partitions are being assigned or recovered")
 def owner_url(app: Any, table: Any, key: bytes) -> str | None:
     """Base URL of the worker that owns ``key``'s partition of ``table`` (``None`` if unknown).
 
-    The partition is murmur2 of the key like every producer computes it; the owner comes from
-    faust's assignment metadata of the table's changelog topic.
+    The partition is murmur2 of the key like every producer computes it.
     """
-    partition = partition_for(key, int(table.partitions))
+    return partition_owner_url(app, table, partition_for(key, int(table.partitions)))
+
+
+def partition_owner_url(app: Any, table: Any, partition: int) -> str | None:
+    """Base URL of the worker that owns ``partition`` of ``table`` (``None`` if unknown), from
+    faust's assignment metadata of the table's changelog topic."""
     topic = table.changelog_topic.get_topic_name()
     for url, topics in app.router.table_metadata(table.name).items():
         if partition in topics.get(topic, ()):

@@ -37,11 +37,11 @@ from app.ops.lag.snapshot import PartitionOffsets
 from app.ops.watchdog import (
     RecoveryWatch,
     StallWatchdog,
-    consumer_view,
     exit_recovery_stalled,
     exit_stalled,
 )
 from app.platform.faust.app import consumer_group_id
+from app.platform.faust.batches import offsets_view
 from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
 from app.platform.http.openapi import install_openapi
@@ -96,8 +96,8 @@ def _uses_consumer(app: faust.App) -> bool:
 
 
 def _faust_consumer(app: faust.App) -> Any:
-    """faust's consumer if the App created one (never creates it)."""
-    return getattr(app, "_consumer", None)
+    """faust's consumer of an App that consumes with it (``None`` for one that does not)."""
+    return app.consumer if _uses_consumer(app) else None
 
 
 def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]:
@@ -301,7 +301,7 @@ def _exporter_service(
                 if watchdog is not None and rows:
                     stalled = watchdog.observe(rows, time.monotonic())
                     if stalled:
-                        view = consumer_view(app.consumer, stalled) if app is not None else ""
+                        view = offsets_view(app, stalled) if app is not None else ""
                         exit_stalled(exporter.group_id, stalled, watchdog.stall_s, rows, view)
                 if recovery is not None:
                     remaining = recovery_remaining(app)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -36,6 +36,7 @@ __all__ = [
     "Delivery",
     "EventProducer",
     "Headers",
+    "Outbound",
     "profile_config",
 ]
 
@@ -85,6 +86,17 @@ def profile_config(settings: Settings, profile: ProducerProfile) -> dict[str, An
     conf.update(REPORTING[profile])
     conf["statistics.interval.ms"] = 1000 if profile == "core" else 0
     return conf
+
+
+class Outbound(NamedTuple):
+    """One message to produce: topic, value (``None``: a tombstone), key, headers, partition
+    (``None``: murmur2 of the key)."""
+
+    topic: TopicSpec | str
+    value: bytes | None
+    key: bytes | None
+    headers: Headers | None = None
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +227,28 @@ class EventProducer:
         self, messages: Sequence[tuple[TopicSpec | str, bytes, bytes | None, Headers | None]]
     ) -> list[Delivery]:
         """Produce several messages and wait until all are acknowledged (order kept per key)."""
-        return list(await asyncio.gather(*(self.send(t, v, k, h) for t, v, k, h in messages)))
+        return await self.send_batch([Outbound(t, v, k, h) for t, v, k, h in messages])
+
+    async def send_batch(self, messages: Sequence[Outbound]) -> list[Delivery]:
+        """Produce ``messages`` in order and wait once until every one is acknowledged; their
+        deliveries in the same order. Raises ``DependencyUnavailable`` (once all have settled)
+        if the broker refused any: the caller sends the batch again (event ids are
+        deterministic, so the duplicates are dropped downstream)."""
+        if not self.acknowledges:
+            raise TypeError(f"the {self.profile} profile does not acknowledge sends: use send_nowait")
+        if not messages:
+            return []
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        settled = _BatchDeliveries(len(messages), loop, done)
+        for index, (topic, value, key, headers, partition) in enumerate(messages):
+            self._produce(topic, value, key, headers, partition, settled.callback(index))
+        await done
+        if settled.errors:
+            raise DependencyUnavailable(
+                f"{len(settled.errors)} of {len(messages)} messages refused: {settled.errors[0]}"
+            )
+        return settled.deliveries  # type: ignore[return-value]
 
     def send_nowait(self, topic: TopicSpec | str, value: bytes, key: bytes | None = None) -> None:
         """Enqueue without waiting; raises ``BufferError`` when the local queue is full."""
@@ -241,7 +274,7 @@ class EventProducer:
     def _produce(
         self,
         topic: TopicSpec | str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         headers: Headers | None,
         partition: int | None,
@@ -278,6 +311,42 @@ class EventProducer:
         self._running = False
         self._poller.join(timeout=5)
         del self._producer  # releases librdkafka's connections now, not at garbage collection
+
+
+class _BatchDeliveries:
+    """Collects the delivery reports of one batch (from librdkafka's polling threads) and
+    settles ``done`` on the event loop once, when the last one arrived."""
+
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:
+        self.deliveries: list[Delivery | None] = [None] * count
+        self.errors: list[str] = []
+        self._remaining = count
+        self._lock = threading.Lock()
+        self._loop = loop
+        self._done = done
+
+    def callback(self, index: int) -> Any:
+        """The delivery callback of message ``index``."""
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            with self._lock:
+                if err is not None:
+                    self.errors.append(f"{msg.topic()}: {err.str()}")
+                else:
+                    self.deliveries[index] = Delivery(
+                        str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0)
+                    )
+                self._remaining -= 1
+                last = self._remaining == 0
+            if last:
+                self._loop.call_soon_threadsafe(_settle_done, self._done)
+
+        return on_delivery
+
+
+def _settle_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _topic_name(topic: TopicSpec | str) -> str:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from faust.types import TP
 
 from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import RecoveryWatch, StallWatchdog, consumer_view, task_stacks
+from app.ops.watchdog import RecoveryWatch, StallWatchdog, task_stacks
 from app.platform.http.views import recovery_remaining
 
 
@@ -76,21 +76,6 @@ async def test_task_stacks_name_where_each_task_waits() -> None:
 
 def test_no_stacks_outside_an_event_loop() -> None:
     assert task_stacks() == ""
-
-
-def test_the_consumer_view_shows_faust_bookkeeping_of_a_stalled_partition() -> None:
-    tp = TP("topic.avcc.apply.created", 1)
-    consumer = SimpleNamespace(
-        assignment=lambda: {tp},
-        _paused_partitions=set(),
-        _acked={tp: [25, 24]},
-        _committed_offset={tp: 20},
-        _read_offset={tp: 33},
-    )
-    view = consumer_view(consumer, [("topic.avcc.apply.created", 1), ("topic.avcc.apply.created", 2)])
-    assert "[1] faust committed=20 read=33 acked=[24, 25]..(2) paused=False" in view
-    assert "[2] not assigned here" in view
-    assert "unavailable" in consumer_view(object(), [("t", 0)])
 
 
 def test_a_recovery_that_reads_nothing_stalls_after_the_threshold() -> None:

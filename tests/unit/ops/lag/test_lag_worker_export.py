@@ -43,7 +43,7 @@ def fake_app(assignment: set[Any] | None, *, completed: bool = True, agents: boo
         agents={"a": 1} if agents else {},
         tables=tables,
         conf=SimpleNamespace(reply_to="avcc-x-replies"),
-        _consumer=FakeConsumer(assignment),
+        consumer=FakeConsumer(assignment),
     )
 
 
@@ -109,7 +109,7 @@ async def test_worker_exporter_exports_only_its_source_partitions_and_drops_revo
     await exporter.export_once()
     assert calls == [("avcc-xunit", [("src-unit", 0), ("src-unit", 3)])]
     assert sample("avcc_consumer_lag_messages", group="avcc-xunit", topic="src-unit", partition="3") == 60
-    app._consumer._assignment = {tp("src-unit", 0)}  # partition 3 revoked
+    app.consumer._assignment = {tp("src-unit", 0)}  # partition 3 revoked
     await exporter.export_once()
     assert sample("avcc_consumer_lag_messages", group="avcc-xunit", topic="src-unit", partition="3") is None
     exporter.close()

@@ -1,0 +1,89 @@
+"""The private parts of faust-streaming and aiokafka this project still relies on, all here.
+
+The core groups own their input offsets (:mod:`app.platform.faust.batches`): they decide what
+is processed and commit it themselves. faust 0.15 has no public call to commit chosen offsets
+nor to read a partition's committed offset (its ``Consumer.commit`` commits only what its own
+ack bookkeeping holds, which the core groups turn off). Both go through the aiokafka consumer
+that faust runs in its consumer thread:
+
+* ``ThreadDelegateConsumer._thread`` -- faust's consumer thread, whose public ``call_thread``
+  runs a coroutine on the thread's event loop (aiokafka's consumer lives there);
+* ``AIOKafkaConsumerThread._ensure_consumer()`` -- that thread's aiokafka consumer, whose public
+  ``commit()`` and ``committed()`` are then used.
+
+Nothing else of faust or aiokafka is overridden or read from outside its public API. The shape
+these two names rely on is checked when this module is imported (:func:`check_shape`), and the
+versions it was checked against are pinned in ``setup.cfg``; an upgrade that changes either
+fails the import (and ``tests/unit/platform/test_internals.py``) instead of failing a commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from importlib.metadata import version
+from typing import Any, Final
+
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.structs import OffsetAndMetadata
+from faust.transport.consumer import ThreadDelegateConsumer
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.types import TP
+
+__all__ = ["PINNED", "ShapeChanged", "check_shape", "commit", "committed"]
+
+#: The versions whose internals this module was written against (also pinned in setup.cfg).
+PINNED: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+
+
+class ShapeChanged(ImportError):
+    """faust or aiokafka no longer has the shape this module relies on: read the module's
+    docstring, check the new version's consumer thread, then update this module and its pins."""
+
+
+def check_shape() -> None:
+    """Raise :class:`ShapeChanged` unless the pinned versions and the private names are there."""
+    for package, pinned in PINNED.items():
+        installed = version(package)
+        if installed != pinned:
+            raise ShapeChanged(f"{package} {installed} is installed; {__name__} was checked against {pinned}")
+    if "_thread" not in getattr(ThreadDelegateConsumer, "__annotations__", {}):
+        raise ShapeChanged("faust's ThreadDelegateConsumer no longer declares its _thread")
+    for name in ("_ensure_consumer", "call_thread"):
+        if not callable(getattr(AIOKafkaConsumerThread, name, None)):
+            raise ShapeChanged(f"faust's AIOKafkaConsumerThread has no {name}()")
+
+
+check_shape()
+
+
+def _thread(app: Any) -> Any:
+    """faust's consumer thread of ``app`` (started: the worker is running)."""
+    return app.consumer._thread
+
+
+async def commit(app: Any, offsets: Mapping[TP, int]) -> None:
+    """Commit ``offsets`` (the next offset to read, per partition) for ``app``'s group.
+
+    Raises what aiokafka raises: ``CommitFailedError`` after a rebalance (the partitions'
+    new owner processes the uncommitted events again), a ``KafkaError`` when the coordinator
+    cannot be reached.
+    """
+    if not offsets:
+        return
+    thread = _thread(app)
+    consumer = thread._ensure_consumer()
+    wanted = {
+        KafkaTP(tp.topic, tp.partition): OffsetAndMetadata(offset, "") for tp, offset in offsets.items()
+    }
+    await thread.call_thread(consumer.commit, wanted)
+
+
+async def committed(app: Any, tps: Iterable[TP]) -> dict[TP, int | None]:
+    """The group's committed offset of each of ``tps`` (``None``: never committed)."""
+    thread = _thread(app)
+    consumer = thread._ensure_consumer()
+    found: dict[TP, int | None] = {}
+    for tp in tps:
+        offset = await thread.call_thread(consumer.committed, KafkaTP(tp.topic, tp.partition))
+        found[tp] = int(offset) if offset is not None and offset >= 0 else None
+    return found
