@@ -2,7 +2,7 @@
 poison messages, and per-key order while an event waits in the retry path.
 
 Each test starts one faust worker subprocess (a tiny app written below) whose agent runs
-``GroupRuntime.process`` with a handler steered by the event's ``request_id`` prefix:
+``GroupRuntime.consume`` with a handler steered by the event's ``request_id`` prefix:
 
 * ``failN-...``   raise ``DependencyTimeout`` on the first N attempts, then succeed,
 * ``always-...``  always raise ``DependencyTimeout``,
@@ -85,7 +85,13 @@ app = create_app(
     broker_commit_interval=0.5,
 )
 source = app.topic(
-    TOPIC, partitions=PARTS, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    TOPIC,
+    partitions=PARTS,
+    key_type=bytes,
+    value_type=bytes,
+    key_serializer="raw",
+    value_serializer="raw",
+    acks=False,
 )
 runtime = GroupRuntime(GROUP, "faults-svc", app)
 parking = runtime.parking_table("faults", PARTS)
@@ -124,8 +130,7 @@ async def handler(envelope):
 
 @app.agent(source)
 async def consume(stream):
-    async for event in stream.events():
-        await runtime.process(event, handler, topic=APPLY_CREATED.name, parking=parking)
+    await runtime.consume(stream, handler, contract_topics={TOPIC: APPLY_CREATED.name}, parking=parking)
 
 
 app.service(RetryForwarder(settings, group_id=f"{APP_ID}-retry", target_groups={GROUP}))

@@ -208,15 +208,23 @@ async def chaos(stack: Stack, cluster: KafkaCluster, start: float, report: Failo
         await asyncio.sleep(0.5)
 
 
-async def replies_dropped(stack: Stack) -> float:
-    """``avcc_replies_dropped_total`` summed over the code replicas (since each one's last start)."""
-    total = 0.0
-    for index in stack.replicas("code"):
-        _, text = await stack.call("code", "GET", "/metrics", signed=False, index=index)
-        for line in str(text).splitlines():
-            if line.startswith("avcc_replies_dropped_total{"):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+DECISION_LINE = re.compile(r'avcc_consumer_offset_decisions_total\{.*decision="([a-z_]+)".*\} (\S+)')
+
+
+async def offset_decisions(stack: Stack) -> dict[str, float]:
+    """``avcc_consumer_offset_decisions_total`` of every core replica by decision (since each
+    one's last start): how often the batch agents dropped a redelivery or fetched again."""
+    totals: dict[str, float] = {}
+    for group in CORE_GROUPS:
+        for index in stack.replicas(group):
+            _, text = await stack.call(group, "GET", "/metrics", signed=False, index=index)
+            for line in str(text).splitlines():
+                found = re.match(
+                    r'avcc_consumer_offset_decisions_total\{.*decision="([a-z_]+)".*\} (\S+)', line
+                )
+                if found:
+                    totals[found.group(1)] = totals.get(found.group(1), 0.0) + float(found.group(2))
+    return totals
 
 
 #: The input topics of each core group whose committed offsets explain a record that stopped.
@@ -300,9 +308,9 @@ async def test_failover_under_load_loses_duplicates_and_refuses_nothing(
     assert transactions == APPLICATIONS, "a failover lost or doubled a transaction"
     exits = sorted((group, index) for group, index, _ in stack.exits)
     assert exits == sorted(stack.killed), f"unexpected worker exits {stack.exits}\n{stack.logs()}"
-    dropped = await replies_dropped(stack)
+    decisions = await offset_decisions(stack)
     print(
-        f"\nscale-out failover: {traffic.summary()}; replies_dropped={dropped:.0f}; leader={failover.leader} "
+        f"\nscale-out failover: {traffic.summary()}; offset decisions={decisions}; leader={failover.leader} "
         f"new_leader_after_s={failover.new_leader_after_s} node_ready_after_s={failover.node_ready_after_s} "
         f"in_sync_after_s={failover.in_sync_after_s} "
         f"applied_after_s={applied_after_s:.1f} all_issued_after_s={all_issued_after_s:.1f}\n  "
