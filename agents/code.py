@@ -53,6 +53,7 @@ from app.platform.http.routing import (
 from app.platform.http.views import install_common_views
 from app.platform.kafka.partitioner import partition_for
 from app.platform.kafka.producers import Outbound
+from app.platform.metrics import STAGE_SECONDS
 from app.platform.settings import get_settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -203,6 +204,11 @@ async def ask_claims(partition: int, applications: list[ApplicationRequest]) -> 
     """The claims agent's replies for applications of one claims partition: asked here when this
     worker owns it, else of its owner (a peer call). ``ClaimMoved`` while ownership is unsettled
     or the owner cannot be reached (the caller answers "retry")."""
+    with STAGE_SECONDS.labels("claim").time():
+        return await _ask_claims(partition, applications)
+
+
+async def _ask_claims(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
     if not await wait_settled(app):
         raise ClaimMoved("partitions are being assigned; retry")
     if owns_claims(partition):

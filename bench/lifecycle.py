@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,9 @@ from app.platform.topics import TOPIC_PLAN
 from app.servers.process import ManagedProcess, free_port
 from app.servers.tansu import TansuBroker
 from bench.bulk import bulk_import_figure
+from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
+from bench.profiles import summarize
 
 GROUPS = ("code", "review", "chain", "settlement")
 KEY, SECRET = "bench", "bench-secret-0123456789"
@@ -94,9 +99,18 @@ def _ready(port: int) -> bool:
         return bool(response.status == 200)
 
 
-async def run_applications(base: str, count: int, rate: float) -> list[float]:
-    """Submit ``count`` O-level applications at ``rate``/s; latency (ms) to code issued each."""
+#: Time (ms) from each application's request to its 202 answer, of the latest run.
+ANSWERED_MS: list[float] = []
+
+
+async def run_applications(
+    base: str, count: int, rate: float, submitted: Callable[[], None] | None = None
+) -> list[float]:
+    """Submit ``count`` O-level applications at ``rate``/s; latency (ms) to code issued each.
+    ``submitted`` is called once every application was accepted (before their codes are read);
+    how long each took to be answered goes to :data:`ANSWERED_MS`."""
     sent: dict[int, float] = {}
+    ANSWERED_MS.clear()
     path = "/v1/avcc/applications"
     async with aiohttp.ClientSession() as session:
 
@@ -110,6 +124,7 @@ async def run_applications(base: str, count: int, rate: float) -> list[float]:
                 if r.status != 202:
                     raise RuntimeError(f"apply failed: {r.status} {answer}")
                 sent[answer["avcc_record_id"]] = started_ms
+                ANSWERED_MS.append(time.time() * 1000 - started_ms)
 
         tasks = []
         loop = asyncio.get_running_loop()
@@ -118,6 +133,8 @@ async def run_applications(base: str, count: int, rate: float) -> list[float]:
             tasks.append(asyncio.create_task(apply_one()))
             await asyncio.sleep(max(0.0, start + (i + 1) / rate - loop.time()))
         await asyncio.gather(*tasks)
+        if submitted is not None:
+            submitted()
 
         latencies: list[float] = []
         deadline = time.monotonic() + 120
@@ -170,6 +187,76 @@ def find_knee(base: str, rates: list[float], seconds: float) -> dict[str, Any]:
     return best
 
 
+@contextlib.contextmanager
+def py_spy(pids: dict[str, int], out: Path | None, seconds: float) -> Iterator[None]:
+    """Record a py-spy flamegraph of each of ``pids`` into ``out`` for ``seconds`` (from the
+    start of the block) while the block runs."""
+    recorders: list[subprocess.Popen[bytes]] = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        spy = Path(sys.executable).with_name("py-spy")
+        for name, pid in pids.items():
+            command = [str(spy), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
+            command += ["--nonblocking", "-f", "raw", "-o", str(out / f"{name}.folded")]
+            recorders.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        yield
+    finally:
+        for recorder in recorders:
+            recorder.wait()
+        if out is not None:
+            for name in pids:
+                print(f"\npy-spy, {name} worker (% of its busy samples):", file=sys.stderr)
+                for line in summarize(out / f"{name}.folded"):
+                    print(f"  {line}", file=sys.stderr)
+
+
+def print_stages(base: str) -> None:
+    """The code worker's mean time per stage of a signed request (``avcc_request_stage_seconds``)."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            prefix = f"avcc_request_stage_seconds{suffix}{{"
+            if line.startswith(prefix):
+                stage = line.split('stage="', 1)[1].split('"', 1)[0]
+                into[stage] = float(line.rsplit(" ", 1)[1])
+    for stage, count in counts.items():
+        mean = 1000 * sums.get(stage, 0.0) / max(count, 1)
+        print(f"  code worker stage {stage}: {count:.0f} times, mean {mean:.1f} ms", file=sys.stderr)
+
+
+def cpu_profile(base: str, pids: dict[str, int], rate: float, seconds: float) -> dict[str, Any]:
+    """Apply at ``rate``/s for ``seconds`` and print each process's CPU per application while the
+    applications were submitted (the pipeline keeps up at a rate below its knee, so this is
+    what an application costs each process; reading the codes back afterwards is not counted)."""
+    count = max(1, round(rate * seconds))
+    shares: list[CpuShare] = []
+    sampler = CpuSampler(pids)
+    asyncio.run(run_applications(base, count, rate, lambda: shares.extend(sampler.stop(count))))
+    print(f"\nCPU at {rate:g} applications/s ({count} applications):", file=sys.stderr)
+    for share in shares:
+        cost = f"{share.core_percent:6.1f} % of a core  {share.ms_per_unit:6.2f} ms/application"
+        print(f"  {share.name:16} {cost}", file=sys.stderr)
+    total = sum(share.ms_per_unit for share in shares)
+    print(f"  {'total':16} {'':>20}  {total:6.2f} ms/application", file=sys.stderr)
+    elapsed = shares[0].seconds if shares else 0.0
+    print(
+        f"  submitted at {count / max(elapsed, 1e-9):.0f}/s; answered in p50 "
+        f"{percentile(ANSWERED_MS, 50):.0f} ms, p99 {percentile(ANSWERED_MS, 99):.0f} ms",
+        file=sys.stderr,
+    )
+    return {
+        "name": "cpu_per_application",
+        "rate_per_s": rate,
+        "applications": count,
+        "ms": {share.name: round(share.ms_per_unit, 2) for share in shares},
+        "total_ms": round(total, 2),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,6 +277,22 @@ def main() -> int:
     parser.add_argument("--knee-seconds", type=float, default=10.0, help="length of one knee step")
     parser.add_argument(
         "--bulk", type=int, default=100_000, help="applications of the bulk import figure (0: none)"
+    )
+    parser.add_argument(
+        "--cpu-rate",
+        type=float,
+        default=100.0,
+        help="applications per second of the CPU profile (per-process CPU per application); 0: none",
+    )
+    parser.add_argument("--cpu-seconds", type=float, default=20.0, help="length of the CPU profile")
+    parser.add_argument("--broker-pid", type=int, default=None, help="pid of a --bootstrap broker to profile")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also record a py-spy profile of each worker during the CPU profile (collapsed stacks, "
+        "DIR/<group>.folded) and print where each worker's time goes",
     )
     parser.add_argument(
         "--worker-env",
@@ -246,6 +349,17 @@ def main() -> int:
             run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate)
         )
         base = f"http://127.0.0.1:{ports['code']}"
+        cpu = None
+        if args.cpu_rate > 0:
+            pids = {worker.name: worker.pid for worker in workers if worker.pid is not None}
+            broker_pid = broker.pid if broker is not None else args.broker_pid
+            if broker_pid is not None:
+                pids["broker"] = broker_pid
+            pids["load generator"] = os.getpid()
+            profiles = {w.name: w.pid for w in workers if w.pid is not None} if args.py_spy else {}
+            with py_spy(profiles, args.py_spy, args.cpu_seconds):
+                cpu = cpu_profile(base, pids, args.cpu_rate, args.cpu_seconds)
+            print_stages(base)
         rates = [float(r) for r in args.knee_rates.split(",") if r.strip()]
         knee = find_knee(base, rates, args.knee_seconds) if rates else None
         bulk = bulk_import_figure(base, args.bulk, work, KEY, SECRET) if args.bulk > 0 else None
@@ -271,7 +385,7 @@ def main() -> int:
                     }
                 )
             )
-        for extra in (knee, bulk):
+        for extra in (knee, bulk, cpu):
             if extra is not None:
                 print(json.dumps(extra))
         return 0

@@ -279,6 +279,15 @@ OFFSET_DECISIONS = Counter(
     registry=REGISTRY,
 )
 __all__ += ["OFFSET_DECISIONS"]
+STAGE_SECONDS = Histogram(
+    "avcc_request_stage_seconds",
+    "Time a signed request spent in each stage that waits on the broker: nonce (its nonce claimed "
+    "and read back), claim (the claims agent answered an application)",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+__all__ += ["STAGE_SECONDS"]
 BATCH_EVENTS = Histogram(
     "avcc_batch_events",
     "Events a core agent processed per batch (one produce, one wait for acks, one commit each)",

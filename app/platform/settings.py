@@ -62,6 +62,27 @@ class Settings(BaseSettings):
         "first message after an idle spell sooner.",
     )
     replication_factor: int = Field(1, description="Replication factor for created topics.")
+    batch_max_events: int = Field(
+        1000,
+        ge=1,
+        le=10_000,
+        description="Most events a core agent takes in one batch (its outputs are produced at once, "
+        "its table writes made durable at once, its offsets committed once).",
+    )
+    batch_wait_ms: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="How long a core agent waits for more events once its previous batch is done: "
+        "the latency a batch adds per hop when traffic is light; longer batches cost less per event.",
+    )
+    commit_interval_ms: int = Field(
+        200,
+        ge=0,
+        le=60_000,
+        description="Least time between two offset commits of a core agent (a rebalance commits at "
+        "once): a crash replays at most this much, which the event-id dedup absorbs.",
+    )
 
     clickhouse_url: str = Field(
         "chdb://chdb",

@@ -46,8 +46,6 @@ from app.platform.metrics import BATCH_EVENTS, BATCH_FAILURES, BATCH_SECONDS, CO
 from app.platform.topics import TopicSpec
 
 __all__ = [
-    "BATCH_MAX_EVENTS",
-    "BATCH_WITHIN_S",
     "Batch",
     "BatchAgent",
     "FaustOffsets",
@@ -58,14 +56,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Most events one batch takes (more wait for the next batch).
-BATCH_MAX_EVENTS: Final = 1000
-#: Longest a batch waits for more events once the previous one is done: the latency it adds
-#: per hop when traffic is light.
-BATCH_WITHIN_S: Final = 0.01
 #: First and longest wait before a batch that could not be made durable is processed again.
 RETRY_S: Final = (0.5, 10.0)
-#: How often each agent checks for partitions whose tail was lost and retries failed commits.
+#: How often each agent checks for partitions whose tail was lost.
 WATCH_S: Final = 2.0
 
 
@@ -160,8 +153,9 @@ class BatchAgent:
         producer: Callable[[], EventProducer],
         *,
         concurrency: int | None = None,
-        max_events: int = BATCH_MAX_EVENTS,
-        within_s: float = BATCH_WITHIN_S,
+        max_events: int = 1000,
+        within_s: float = 0.01,
+        commit_interval_s: float = 0.2,
     ) -> None:
         self.app = app
         self.name = name
@@ -170,6 +164,8 @@ class BatchAgent:
         self.concurrency = concurrency
         self.max_events = max_events
         self.within_s = within_s
+        self.commit_interval_s = commit_interval_s
+        self._committed_at = float("-inf")
         self.cursors = Cursors(name, frozenset(topics), FaustOffsets(app))
         self.lock = asyncio.Lock()
         self.busy_since: float | None = None
@@ -215,7 +211,8 @@ class BatchAgent:
             BATCH_EVENTS.labels(self.name).observe(len(processed))
             for event in processed:
                 self._uncommitted[event.message.tp] = int(event.message.offset) + 1
-            await self._commit()
+            if time.monotonic() - self._committed_at >= self.commit_interval_s:
+                await self._commit()
             BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
 
     async def _admit(self, events: Sequence[Any]) -> list[Any]:
@@ -292,6 +289,7 @@ class BatchAgent:
     async def _commit(self) -> None:
         """Commit every processed offset of the partitions still assigned; a failure leaves them
         for the next commit (or, after a rebalance, to the new owner's replay)."""
+        self._committed_at = time.monotonic()
         assigned = self.cursors.source.assigned()
         offsets = {tp: o for tp, o in self._uncommitted.items() if tp in assigned}
         for tp in self._uncommitted.keys() - offsets.keys():
@@ -333,13 +331,19 @@ class BatchAgent:
             self._revoking -= mine
 
     async def _watch(self) -> None:
-        """Every :data:`WATCH_S`: seek back lost tails, commit what a failed commit left."""
+        """Commit what batches left uncommitted every commit interval (quiet partitions too);
+        every :data:`WATCH_S` seek back lost tails."""
+        tick = max(0.05, self.commit_interval_s)
+        watched_at = time.monotonic()
         while True:
-            await asyncio.sleep(WATCH_S)
+            await asyncio.sleep(tick)
             try:
                 async with self.lock:
-                    await self.cursors.watch_tails()
-                    await self._commit()
+                    if self._uncommitted and time.monotonic() - self._committed_at >= self.commit_interval_s:
+                        await self._commit()
+                    if time.monotonic() - watched_at >= WATCH_S:
+                        watched_at = time.monotonic()
+                        await self.cursors.watch_tails()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the consumer restarting, the broker away: next round

@@ -196,7 +196,17 @@ class GroupRuntime:
         ``process`` (:class:`~app.platform.faust.batches.BatchAgent`)."""
         topics = [str(t) for t in stream.channel.topics]
         name = f"{self.group}:{stream.channel.topics[0]}"
-        agent = BatchAgent(self.app, name, topics, process, lambda: self.producer, concurrency=concurrency)
+        agent = BatchAgent(
+            self.app,
+            name,
+            topics,
+            process,
+            lambda: self.producer,
+            concurrency=concurrency,
+            max_events=self.settings.batch_max_events,
+            within_s=self.settings.batch_wait_ms / 1000,
+            commit_interval_s=self.settings.commit_interval_ms / 1000,
+        )
         self.agents.append(agent)
         try:
             await agent.run(stream)

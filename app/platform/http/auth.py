@@ -49,7 +49,7 @@ from app.platform.http.signing import (
     sign_request,
     signature,
 )
-from app.platform.metrics import AUTH_FAILURES
+from app.platform.metrics import AUTH_FAILURES, STAGE_SECONDS
 from app.platform.settings import Settings, get_settings
 
 __all__ = [
@@ -318,9 +318,10 @@ async def claim_nonce(
     """Step 5 on its own, for routes that first find the worker that must answer."""
     credentials = signed.credentials
     try:
-        reason = await _store(settings, nonces).claim(
-            credentials.key_id, credentials.nonce, credentials.timestamp_ms, time.time_ns() // 1_000_000
-        )
+        with STAGE_SECONDS.labels("nonce").time():
+            reason = await _store(settings, nonces).claim(
+                credentials.key_id, credentials.nonce, credentials.timestamp_ms, time.time_ns() // 1_000_000
+            )
     except DependencyUnavailable as exc:
         raise NonceStoreUnavailable(str(exc)) from None
     _refuse_replay(reason)
