@@ -22,10 +22,10 @@ from app.servers import (
     KafkaKRaftBroker,
     ServerNotInstalled,
     ServerStartError,
-    TansuBroker,
     ensure_kafka_libs,
 )
 from app.servers.ganache import GanacheNode
+from app.servers.tansu import TansuBroker
 from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def kafka_broker(servers_dir: Path) -> Iterator[KafkaKRaftBroker]:
     """Apache Kafka 3.9 (KRaft, single node) running for the whole session; data survives restarts."""
 
     def build() -> KafkaKRaftBroker:
-        libs = ensure_kafka_libs(REPO_ROOT)
+        libs = ensure_kafka_libs()
         return KafkaKRaftBroker(servers_dir / "kafka", libs, die_with_parent=True)
 
     broker = _launch("kafka", build)
@@ -218,7 +218,7 @@ def module_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
     alone; a node a test kills is restarted, data kept, after that test."""
     root = tmp_path_factory.mktemp("kafka-cluster")
     name = f"kafka cluster ({root.name})"
-    cluster = _launch(name, lambda: KafkaCluster(root, ensure_kafka_libs(REPO_ROOT), die_with_parent=True))
+    cluster = _launch(name, lambda: KafkaCluster(root, ensure_kafka_libs(), die_with_parent=True))
     yield cluster
     _shutdown(name, cluster)
 
