@@ -34,7 +34,7 @@ contracts:  ## contract artefacts fresh and backward compatible with the merge b
 unit:  ## unit tests only
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-integration:  ## integration tests only (real Tansu, Apache Kafka, ClickHouse)
+integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 test: install lint typecheck contracts  ## the full suite: lint, types, unit + integration on real servers

@@ -23,7 +23,7 @@ from app.platform.metrics import REPLIES_DROPPED
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import reply_topic
 
-__all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app", "tansu_like_broker"]
+__all__ = ["AvccApp", "consumer_group_id", "create_app", "get_app"]
 
 
 def consumer_group_id(group: str) -> str:
@@ -59,33 +59,6 @@ def _credentials(settings: Settings) -> Any:
         ssl_context=context,
         mechanism=mechanism,
     )
-
-
-#: Cluster id the embedded Tansu broker reports unless told otherwise.
-TANSU_CLUSTER_ID = "tansu_cluster"
-
-
-_TANSU_LIKE: dict[str, bool] = {}
-
-
-def tansu_like_broker(settings: Settings) -> bool:
-    """Whether the broker is Tansu-like: a high watermark that counts only the first record of
-    the last batch, and fetches answered only when their wait expires (see the setting's doc).
-
-    Probed once per bootstrap address; an unreachable broker gets the careful answer (True).
-    """
-    if settings.kafka_single_record_batches is not None:
-        return settings.kafka_single_record_batches
-    bootstrap = settings.kafka_bootstrap
-    if bootstrap not in _TANSU_LIKE:
-        from app.platform.kafka.clients import admin_client
-
-        try:
-            admin = admin_client(settings, log_level=0)
-            _TANSU_LIKE[bootstrap] = str(admin.list_topics(timeout=3).cluster_id) == TANSU_CLUSTER_ID
-        except Exception:  # the broker is not reachable yet: assume the careful setting
-            _TANSU_LIKE[bootstrap] = True
-    return _TANSU_LIKE[bootstrap]
 
 
 class _ReplyConsumer(ReplyConsumer):
@@ -158,7 +131,6 @@ def create_app(
     settings = get_settings()
     settings.check_bind()
     advertised = settings.advertised_url(web_port)
-    tansu_like = tansu_like_broker(settings)
     guard = OperatorGuard.from_settings(settings)
     options: dict[str, Any] = {
         "broker": f"{transport.SCHEME}://{settings.kafka_bootstrap}",
@@ -190,18 +162,13 @@ def create_app(
         "stream_wait_empty": True,
         "reply_create_topic": True,
         "reply_to": reply_to,
-        "producer_max_batch_size": 1 if tansu_like else 16384,
+        "producer_max_batch_size": 16384,
         "web_application_options": {"middlewares": [count_requests, security_headers, operator_login(guard)]},
         **overrides,
     }
     app = AvccApp(app_id, **options)
     app.operator_guard = guard
-    if tansu_like:
-        transport.set_fetch_max_wait_ms(
-            app_id, transport.FETCH_MAX_WAIT_MS, settings.kafka_idle_fetch_max_wait_ms
-        )
-    else:
-        transport.set_fetch_max_wait_ms(app_id, transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS)
+    transport.set_fetch_max_wait_ms(app_id, transport.EARLY_ANSWER_FETCH_MAX_WAIT_MS)
     return app
 
 
