@@ -129,6 +129,8 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
         except TablesFromAnotherBroker as exc:
             log.error("avcc dev cannot start its groups: %s", exc)
             return EXIT_TABLES_FROM_ANOTHER_BROKER
+        if stopping:  # Ctrl-C while the broker started
+            return 0
         if chain == "evm":
             dev_chain = start_dev_chain(data_dir, dev_chain_port(settings))
             log.info("ganache dev chain on %s, AvccRegistry at %s", dev_chain.node.url, dev_chain.env)
