@@ -20,6 +20,8 @@ import signal
 import time
 from types import FrameType
 
+from confluent_kafka import KafkaException
+
 from app.dev_broker import describe_dev_broker, dev_broker_port, start_dev_broker
 from app.dev_chain import DevChain, dev_chain_port, start_dev_chain
 from app.platform.groups import GROUPS, GroupSpec
@@ -44,7 +46,7 @@ __all__ = ["EXIT_BROKER_LOST", "EXIT_PORT_IN_USE", "EXIT_TABLES_FROM_ANOTHER_BRO
 
 #: Exit status of ``avcc dev`` when a port it needs is taken (nothing was started).
 EXIT_PORT_IN_USE = 2
-#: Exit status when the embedded broker failed to start.
+#: Exit status when the embedded broker failed to start (or the given one does not answer).
 EXIT_BROKER_LOST = 1
 #: Exit status when the workers' tables were built on another broker's data (no worker started).
 EXIT_TABLES_FROM_ANOTHER_BROKER = 3
@@ -125,7 +127,14 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             log.info("%s (pid %s)", describe_dev_broker(broker), broker.pid)
             broker_supervisor = BrokerSupervisor(broker, policy=policy)
         try:
-            check_tables_belong_to(data_dir / "workers", _cluster_id(settings, broker))
+            cluster_id = _cluster_id(settings, broker)
+        except KafkaException as exc:
+            log.error(
+                "avcc dev cannot ask the broker at %s for its cluster id: %s", settings.kafka_bootstrap, exc
+            )
+            return EXIT_BROKER_LOST
+        try:
+            check_tables_belong_to(data_dir / "workers", cluster_id)
         except TablesFromAnotherBroker as exc:
             log.error("avcc dev cannot start its groups: %s", exc)
             return EXIT_TABLES_FROM_ANOTHER_BROKER
