@@ -34,18 +34,24 @@ class TablesFromAnotherBroker(ConfigurationError):
         self.recorded = recorded
         self.current = current
         built_on = (
-            f"the broker with cluster id {recorded}"
+            f"the broker with cluster id {recorded}, but the broker now answers with cluster id "
+            f"{current}: its data was deleted or replaced"
             if recorded is not None
-            else "a broker whose cluster id was never recorded (an `avcc dev` before Apache Kafka)"
+            else "a broker whose cluster id was never recorded (an `avcc dev` before Apache Kafka, "
+            f"whose broker kept nothing), not on this one (cluster id {current})"
         )
         super().__init__(
-            f"the workers' tables in {workers_dir} were built on {built_on}, but the broker now "
-            f"answers with cluster id {current}: its data was deleted or replaced. Their changelog "
+            f"the workers' tables in {workers_dir} were built on {built_on}. Their changelog "
             "offsets point past what this broker holds, so the workers would stop at once, over and "
             f"over (faust's ConsistencyError). To reset: delete {workers_dir} (the tables are rebuilt "
             "from this broker; what only the old broker held is gone), or `make clean` to start the "
             "whole stack afresh."
         )
+
+
+def _holds_tables(workers_dir: Path) -> bool:
+    """Whether any worker wrote a file there (a group's empty data dir holds no offsets)."""
+    return any(p.is_file() and p.name != CLUSTER_ID_FILE for p in workers_dir.rglob("*"))
 
 
 def check_tables_belong_to(workers_dir: Path, cluster_id: str) -> None:
@@ -56,8 +62,7 @@ def check_tables_belong_to(workers_dir: Path, cluster_id: str) -> None:
     recorded = record.read_text().strip() if record.is_file() else None
     if recorded == cluster_id:
         return
-    has_tables = workers_dir.is_dir() and any(p.name != CLUSTER_ID_FILE for p in workers_dir.iterdir())
-    if not has_tables:
+    if not _holds_tables(workers_dir):
         workers_dir.mkdir(parents=True, exist_ok=True)
         staging = record.with_suffix(".tmp")
         staging.write_text(cluster_id + "\n")
