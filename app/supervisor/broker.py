@@ -4,8 +4,9 @@ The broker keeps its log under the data dir, so a new broker process is the same
 topics, committed offsets and table changelogs are all there, and the groups (whose clients
 reconnect on their own) carry on where they were. A broker that exits is started again after the
 delay its :class:`~app.supervisor.backoff.RestartTracker` gives, the same policy the groups get,
-and each exit and each return is logged. A start that does not become ready within the broker's
-ready timeout counts as one more crash.
+and each exit and each return is logged. A start that fails, or does not become ready within the
+broker's ready timeout, counts as one more crash; only the time a broker served counts towards a
+stable run (which starts the delays over).
 """
 
 from __future__ import annotations
@@ -40,18 +41,14 @@ class BrokerSupervisor:
         self.clock = clock
         self.tracker = RestartTracker(policy)
         self._started_at = clock()
+        #: When the current run began to serve (``None`` while a restarted broker is not ready).
+        self._serving_since: float | None = self._started_at
         self._restart_at: float | None = None
-        self._starting = False
 
     @property
     def restarts(self) -> int:
         """Restarts so far (every exit schedules one)."""
         return self.tracker.total
-
-    @property
-    def serving(self) -> bool:
-        """True while the broker runs and is not in the middle of a restart."""
-        return self.broker.running and self._restart_at is None and not self._starting
 
     def tick(self) -> None:
         """Notice an exit (schedule a restart), start the broker when its delay is over, and say
@@ -63,9 +60,9 @@ class BrokerSupervisor:
             return
         if not self.broker.running:
             self._exited(now)
-        elif self._starting:
+        elif self._serving_since is None:
             if self.broker.ready_now():
-                self._starting = False
+                self._serving_since = now
                 log.info(
                     "embedded Kafka broker back on %s after %.1fs (restart #%d), on its data in %s",
                     self.broker.bootstrap,
@@ -82,22 +79,25 @@ class BrokerSupervisor:
     def _launch(self, now: float) -> None:
         self._restart_at = None
         self._started_at = now
+        self._serving_since = None
         try:
             self.broker.start(wait=False)
         except ServerStartError as exc:
             log.error("embedded Kafka broker could not be started again: %s", exc)
-            self._exited(now)
+            self._exited(now, how="did not start")
             return
-        self._starting = True
         log.info("restarted the embedded Kafka broker (pid %s, restart #%d)", self.broker.pid, self.restarts)
 
-    def _exited(self, now: float) -> None:
+    def _exited(self, now: float, how: str | None = None) -> None:
+        """Schedule the next start; ``how`` overrides the exit status in the log line."""
         process = self.broker.process
-        status = process.returncode if process is not None else None
-        how = describe_exit(status) if status is not None else "did not start"
+        if how is None:
+            status = process.returncode if process is not None else None
+            how = describe_exit(status) if status is not None else "exited"
         ran_for = now - self._started_at
-        delay = self.tracker.exited(ran_for)
-        self._starting = False
+        served = now - self._serving_since if self._serving_since is not None else 0.0
+        delay = self.tracker.exited(served)
+        self._serving_since = None
         self._restart_at = now + delay
         tail = process.log_tail(_TAIL_BYTES) if process is not None and self.tracker.crash_looping else ""
         log.warning(
