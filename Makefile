@@ -8,11 +8,11 @@ PYTEST_ARGS ?=
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install:  ## everything the stack and the tests need (apt packages, venv, Kafka jars, npm parser)
+install:  ## everything the stack and the tests need (apt packages, dev venv, Kafka jars, npm packages)
 	bash scripts/install-deps.sh
 
-venv:  ## only the Python environment (enough for `make run`)
-	SKIP_APT=1 SKIP_KAFKA=1 SKIP_NPM=1 bash scripts/install-deps.sh
+venv:  ## only the runtime Python environment (what `make run` needs; no test or lint tools)
+	EXTRAS=none SKIP_APT=1 SKIP_KAFKA=1 SKIP_NPM=1 bash scripts/install-deps.sh
 
 run: venv  ## the whole local stack: embedded broker + chDB + every agent group + console
 	$(VENV)/bin/avcc dev
@@ -34,7 +34,7 @@ contracts:  ## contract artefacts fresh and backward compatible with the merge b
 unit:  ## unit tests only
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-integration:  ## integration tests only (real Tansu, Apache Kafka, ClickHouse)
+integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 test: install lint typecheck contracts  ## the full suite: lint, types, unit + integration on real servers

@@ -110,32 +110,13 @@ def contracts_check(ref: str) -> None:
 def worker(ctx: click.Context, group: str) -> None:
     """Run the worker of agent GROUP (extra args go to `faust worker`)."""
     from app.platform.groups import group_spec
-    from app.platform.settings import get_settings
+    from app.worker import run_worker
 
     try:
         spec = group_spec(group)
     except KeyError as exc:
         raise click.UsageError(str(exc)) from None
-    from app.platform.internal_topics import group_app, worker_topics
-    from app.platform.kafka.admin import apply_plan
-
-    app = group_app(spec)
-    settings = get_settings()
-    report = apply_plan(settings, worker_topics(spec))
-    if report.unfixed:
-        for drift in report.unfixed:
-            click.echo(f"drift: {drift.line()}", err=True)
-        raise SystemExit(f"group {group}: its changelog topics drift from its tables; fix before starting")
-    args = list(ctx.args)
-    if "--web-port" not in args:
-        args += ["--web-port", str(settings.web_port + spec.port_offset)]
-    if "--web-bind" not in args and "-b" not in args:
-        args += ["--web-bind", settings.web_host]
-    if "-l" not in args and "--loglevel" not in args:
-        level = settings.log_level.lower()
-        args += ["-l", {"warning": "warn", "critical": "crit"}.get(level, level)]
-    sys.argv = [f"avcc-{group}", "worker", *args]
-    app.main()
+    run_worker(spec, list(ctx.args))
 
 
 @main.command()

@@ -1,13 +1,14 @@
-"""The local all-in-one stack: embedded Tansu broker, chDB, the topic plan and every agent group.
+"""The local all-in-one stack: embedded Apache Kafka, chDB, the topic plan and every agent group.
 
-DEV ONLY: Tansu runs on memory storage (everything is lost when it stops), the shipped HMAC key
-``dev``/``dev-secret`` and operator ``admin``/``admin`` are enabled, and a broker that cannot
-honour the core producer profile is only warned about.
+DEV ONLY: a single-node Kafka (KRaft) keeps its data under ``<data dir>/kafka``, so a restarted
+stack finds its topics, offsets and changelogs again; the shipped HMAC key ``dev``/``dev-secret``
+and operator ``admin``/``admin`` are enabled, and a broker that cannot honour the core producer
+profile is only warned about.
 
 Supervision (``app/supervisor``): every port the stack needs is checked before anything starts
-(exit status 2 naming the port and its holder); a group that exits is restarted with exponential
-backoff and never stops the others; the broker is watched, and when it dies the stack stops with
-exit status 1 (a restarted memory broker would be empty: no topics, offsets or changelogs).
+(exit status 2 naming the port and its holder); the workers' tables must belong to the broker's
+data (exit status 3 saying what to delete, see ``broker_identity``); a group that exits is
+restarted with exponential backoff and never stops the others; so is the broker, on its own data.
 """
 
 from __future__ import annotations
@@ -17,39 +18,45 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 from types import FrameType
 
+from confluent_kafka import KafkaException
+
+from app.dev_broker import describe_dev_broker, dev_broker_port, start_dev_broker
 from app.dev_chain import DevChain, dev_chain_port, start_dev_chain
 from app.platform.groups import GROUPS, GroupSpec
 from app.platform.kafka.admin import apply_plan
+from app.platform.kafka.clients import admin_client
 from app.platform.redaction import redact_url
 from app.platform.settings import Settings, get_settings
+from app.servers.kafka import KafkaKRaftBroker
 from app.servers.process import LOOPBACK, ServerStartError
-from app.servers.tansu import TansuBroker
 from app.supervisor import (
+    BrokerSupervisor,
     GroupSupervisor,
     PortClaim,
     PortInUse,
     SupervisorSettings,
-    describe_exit,
-    port_holders,
+    TablesFromAnotherBroker,
+    check_tables_belong_to,
     require_free_ports,
 )
 
-__all__ = ["EXIT_BROKER_LOST", "EXIT_PORT_IN_USE", "run_dev_stack"]
+__all__ = ["EXIT_BROKER_LOST", "EXIT_PORT_IN_USE", "EXIT_TABLES_FROM_ANOTHER_BROKER", "run_dev_stack"]
 
 #: Exit status of ``avcc dev`` when a port it needs is taken (nothing was started).
 EXIT_PORT_IN_USE = 2
-#: Exit status when the embedded broker failed to start or died while the stack ran.
+#: Exit status when the embedded broker failed to start (or the given one does not answer).
 EXIT_BROKER_LOST = 1
+#: Exit status when the workers' tables were built on another broker's data (no worker started).
+EXIT_TABLES_FROM_ANOTHER_BROKER = 3
 
 log = logging.getLogger("avcc.dev")
 
 BANNER = """
 ==============================================================================
  AVCC dev stack — DEV ONLY
-   * embedded Tansu broker on {bootstrap} (memory storage: lost on restart)
+   * {broker}
    * ClickHouse: {clickhouse}
    * chain: {chain}
    * HMAC API key 'dev' / secret 'dev-secret' is ENABLED (never use outside dev)
@@ -97,7 +104,9 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
         return EXIT_PORT_IN_USE
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    broker: TansuBroker | None = None
+    policy = SupervisorSettings().policy()
+    broker: KafkaKRaftBroker | None = None
+    broker_supervisor: BrokerSupervisor | None = None
     dev_chain: DevChain | None = None
     supervisor: GroupSupervisor | None = None
     stopping = False
@@ -111,11 +120,26 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
     try:
         if start_broker:
             try:
-                broker = _start_broker(settings, data_dir)
+                broker = start_dev_broker(settings, data_dir)
             except ServerStartError as exc:
                 log.error("avcc dev cannot start its broker: %s", exc)
                 return EXIT_BROKER_LOST
-            log.info("embedded Tansu broker on %s (pid %s)", broker.bootstrap, broker.pid)
+            log.info("%s (pid %s)", describe_dev_broker(broker), broker.pid)
+            broker_supervisor = BrokerSupervisor(broker, policy=policy)
+        try:
+            cluster_id = _cluster_id(settings, broker)
+        except KafkaException as exc:
+            log.error(
+                "avcc dev cannot ask the broker at %s for its cluster id: %s", settings.kafka_bootstrap, exc
+            )
+            return EXIT_BROKER_LOST
+        try:
+            check_tables_belong_to(data_dir / "workers", cluster_id)
+        except TablesFromAnotherBroker as exc:
+            log.error("avcc dev cannot start its groups: %s", exc)
+            return EXIT_TABLES_FROM_ANOTHER_BROKER
+        if stopping:  # Ctrl-C while the broker started
+            return 0
         if chain == "evm":
             dev_chain = start_dev_chain(data_dir, dev_chain_port(settings))
             log.info("ganache dev chain on %s, AvccRegistry at %s", dev_chain.node.url, dev_chain.env)
@@ -129,16 +153,13 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             groups,
             env=env,
             logs=data_dir / "logs",
-            policy=SupervisorSettings().policy(),
+            policy=policy,
             web_port=lambda group: settings.web_port + group.port_offset,
         )
         supervisor.start_all()
-        if broker is not None and not broker.running:
-            log.error("avcc dev: %s", _broker_gone(broker))
-            return EXIT_BROKER_LOST
         print(
             BANNER.format(
-                bootstrap=settings.kafka_bootstrap,
+                broker=describe_dev_broker(broker) if broker else f"broker: {settings.kafka_bootstrap}",
                 clickhouse=redact_url(settings.clickhouse_url),
                 chain=redact_url(env.get("AVCC_CHAIN_URL", settings.chain_url)),
                 host=settings.web_host,
@@ -148,9 +169,8 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             flush=True,
         )
         while not stopping:
-            if broker is not None and not broker.running:
-                log.error("avcc dev: %s", _broker_gone(broker))
-                return EXIT_BROKER_LOST
+            if broker_supervisor is not None:
+                broker_supervisor.tick()
             supervisor.tick()
             time.sleep(0.5)
         return 0
@@ -159,6 +179,8 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
             supervisor.stop()
         if broker is not None:
             broker.stop()
+        if broker_supervisor is not None and broker_supervisor.restarts:
+            log.info("broker restarts while the stack ran: %d", broker_supervisor.restarts)
         if dev_chain is not None:
             dev_chain.stop()
         log.info("dev stack stopped")
@@ -171,36 +193,12 @@ def _port_claims(settings: Settings, groups: list[GroupSpec], start_broker: bool
         for g in groups
     ]
     if start_broker:
-        claims.insert(0, PortClaim("the embedded Kafka broker (Tansu)", LOOPBACK, _broker_port(settings)))
+        claims.insert(0, PortClaim("the embedded Kafka broker", LOOPBACK, dev_broker_port(settings)))
     return claims
 
 
-def _broker_port(settings: Settings) -> int:
-    return int(settings.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
-
-
-def _start_broker(settings: Settings, data_dir: Path) -> TansuBroker:
-    """Start Tansu and make sure the broker that answers on its port is this very process."""
-    broker = TansuBroker(data_dir / "tansu", port=_broker_port(settings))
-    broker.start()
-    holders = port_holders(broker.port)
-    if not broker.running or (holders and broker.pid not in holders):
-        held_by = ", ".join(f"pid {pid} ({name})" for pid, name in sorted(holders.items()))
-        broker.stop()
-        raise ServerStartError(
-            f"port {broker.port} answers Kafka requests, but not from the embedded Tansu broker "
-            f"(held by {held_by or 'an unknown process'}); stop it or set AVCC_KAFKA_URL"
-        )
-    return broker
-
-
-def _broker_gone(broker: TansuBroker) -> str:
-    """Why the stack stops when its broker died, with the end of the broker's log."""
-    status = broker.process.returncode if broker.process is not None else None
-    how = describe_exit(status) if status is not None else "exited"
-    tail = broker.process.log_tail(2000) if broker.process is not None else ""
-    return (
-        f"the embedded Tansu broker on {broker.bootstrap} is gone ({how}). Its memory storage went "
-        "with it (every topic, record, committed offset and changelog), so the stack stops instead "
-        f"of running the groups against an empty broker; start `avcc dev` again.\n{tail}"
-    )
+def _cluster_id(settings: Settings, broker: KafkaKRaftBroker | None) -> str:
+    """The Kafka cluster id of the stack's broker (its own, or asked of ``AVCC_KAFKA_URL``)."""
+    if broker is not None and broker.cluster_id:
+        return broker.cluster_id
+    return str(admin_client(settings, log_level=0).list_topics(timeout=30).cluster_id)

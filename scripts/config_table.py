@@ -19,6 +19,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
     ("app.ops.console.settings", "ConsoleSettings", "console overview and review workbench (ops group)"),
     ("app.supervisor.settings", "SupervisorSettings", "dev stack supervisor (`avcc dev`)"),
+    ("app.servers.settings", "EmbeddedKafkaSettings", "embedded Apache Kafka (`avcc dev`, tests, benches)"),
 )
 
 

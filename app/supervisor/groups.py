@@ -6,6 +6,10 @@ logged with its cause and counted. One group dying, even in a loop, never stops 
 group that keeps crashing is reported loudly (like Kubernetes' ``CrashLoopBackOff``) with the
 end of its log, and is still retried at the capped delay. No message is lost meanwhile: workers
 commit offsets only after processing (at-least-once) and dedup redeliveries.
+
+The one exit that is not restarted is a worker whose tables are ahead of the broker's changelogs
+(:data:`~app.worker.EXIT_TABLES_AHEAD_OF_BROKER`): every restart would stop the same way, so the
+group is reported once, with what to delete, and left stopped while the others run.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from app.platform.groups import GroupSpec
 from app.supervisor.backoff import BackoffPolicy, RestartTracker
+from app.worker import EXIT_TABLES_AHEAD_OF_BROKER
 
 __all__ = ["GroupSupervisor", "describe_exit", "worker_command"]
 
@@ -43,6 +48,8 @@ def describe_exit(status: int) -> str:
         return f"killed by {name}"
     if status == _STALLED:
         return f"exit status {status} (the worker stopped itself: stalled partitions)"
+    if status == EXIT_TABLES_AHEAD_OF_BROKER:
+        return f"exit status {status} (its tables are ahead of the broker's changelogs)"
     return f"exit status {status}"
 
 
@@ -72,6 +79,8 @@ class _Member:
     started_at: float = 0.0
     restart_at: float | None = None
     exits: list[int] = field(default_factory=list)
+    #: Set when the group is left stopped (a restart cannot help), with why.
+    given_up: str | None = None
 
 
 class GroupSupervisor:
@@ -115,6 +124,10 @@ class GroupSupervisor:
                     self._exited(member, status, now)
             if member.restart_at is not None and now >= member.restart_at:
                 self._launch(member)
+
+    def given_up(self) -> dict[str, str]:
+        """Groups left stopped because a restart cannot help them, with the reason."""
+        return {m.spec.name: m.given_up for m in self._members if m.given_up is not None}
 
     def restarts(self) -> dict[str, int]:
         """Restarts so far per group (every exit of a worker schedules one)."""
@@ -174,6 +187,9 @@ class GroupSupervisor:
 
     def _exited(self, member: _Member, status: int, now: float) -> None:
         ran_for = now - member.started_at
+        if status == EXIT_TABLES_AHEAD_OF_BROKER:
+            self._give_up(member, status, ran_for)
+            return
         delay = member.tracker.exited(ran_for)
         member.exits.append(status)
         member.restart_at = now + delay
@@ -200,3 +216,23 @@ class GroupSupervisor:
                 member.tracker.total,
                 delay,
             )
+
+    def _give_up(self, member: _Member, status: int, ran_for: float) -> None:
+        """Leave a group stopped whose next start would stop the same way, and say what to do."""
+        member.process = None
+        member.restart_at = None
+        member.exits.append(status)
+        data = Path(self.env.get("AVCC_DATA_DIR", "var")) / "workers" / member.spec.name
+        member.given_up = (
+            f"its tables in {data} are ahead of the broker's changelogs (the broker's data was deleted "
+            f"or replaced); delete {data} to rebuild them from the broker, or `make clean` for a fresh stack"
+        )
+        log.error(
+            "group %s stopped (%s) after %.1fs and is NOT restarted: %s. End of %s:\n%s",
+            member.spec.name,
+            describe_exit(status),
+            ran_for,
+            member.given_up,
+            self.log_path(member.spec),
+            _log_tail(self.log_path(member.spec)),
+        )

@@ -1,4 +1,5 @@
-"""Session-scoped real servers (Tansu, Kafka KRaft, ClickHouse, ganache) started lazily on loopback."""
+"""Session-scoped real servers (Apache Kafka in KRaft mode, ClickHouse, ganache) started lazily on
+loopback."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -22,7 +23,6 @@ from app.servers import (
     KafkaKRaftBroker,
     ServerNotInstalled,
     ServerStartError,
-    TansuBroker,
     ensure_kafka_libs,
 )
 from app.servers.ganache import GanacheNode
@@ -79,22 +79,11 @@ def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tansu_broker(servers_dir: Path) -> Iterator[TansuBroker]:
-    """A Tansu broker (memory storage: a restart empties it) running for the whole session."""
-    broker = _launch("tansu", lambda: TansuBroker(servers_dir / "tansu", die_with_parent=True))
-    yield broker
-    _shutdown("tansu", broker)
-
-
-@pytest.fixture(scope="session")
 def kafka_broker(servers_dir: Path) -> Iterator[KafkaKRaftBroker]:
     """Apache Kafka 3.9 (KRaft, single node) running for the whole session; data survives restarts."""
-
-    def build() -> KafkaKRaftBroker:
-        libs = ensure_kafka_libs(REPO_ROOT)
-        return KafkaKRaftBroker(servers_dir / "kafka", libs, die_with_parent=True)
-
-    broker = _launch("kafka", build)
+    broker = _launch(
+        "kafka", lambda: KafkaKRaftBroker(servers_dir / "kafka", ensure_kafka_libs(), die_with_parent=True)
+    )
     yield broker
     _shutdown("kafka", broker)
 
@@ -135,48 +124,11 @@ def evm_chain(servers_dir: Path) -> Iterator[EvmChain]:
     _shutdown("ganache", node)
 
 
-@dataclass(frozen=True)
-class BrokerHandle:
-    """What the ``broker`` fixture yields: a name, a bootstrap address, lifecycle controls."""
-
-    name: str
-    server: TansuBroker | KafkaKRaftBroker
-
-    @property
-    def bootstrap(self) -> str:
-        """``bootstrap.servers`` for clients."""
-        return self.server.bootstrap
-
-    @property
-    def persistent(self) -> bool:
-        """Whether records and offsets survive ``restart()``/``kill()`` (Tansu memory: no)."""
-        return isinstance(self.server, KafkaKRaftBroker)
-
-    def start(self) -> None:
-        """Start (no-op if running) and wait until ready."""
-        self.server.start()
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM)."""
-        self.server.stop()
-
-    def kill(self) -> None:
-        """SIGKILL the broker (crash simulation)."""
-        self.server.kill()
-
-    def restart(self) -> None:
-        """Graceful stop then start on the same port."""
-        self.server.restart()
-
-
-@pytest.fixture(params=["tansu", "kafka"], ids=["tansu", "kafka"])
-def broker(request: pytest.FixtureRequest) -> BrokerHandle:
-    """Each broker in turn (select with ``--brokers`` / ``$AVCC_TEST_BROKERS``)."""
-    name: str = request.param
-    server = request.getfixturevalue(f"{name}_broker")
-    assert isinstance(server, TansuBroker | KafkaKRaftBroker)
-    server.start()  # revive it if an earlier test stopped or killed it
-    return BrokerHandle(name=name, server=server)
+@pytest.fixture
+def broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
+    """The session's Kafka broker, revived if an earlier test stopped or killed it."""
+    kafka_broker.start()
+    return kafka_broker
 
 
 @pytest.fixture
@@ -194,22 +146,22 @@ def _revive_servers() -> Iterator[None]:
             server.start()
 
 
-@pytest.fixture(scope="session", params=["tansu", "kafka"], ids=["tansu", "kafka"])
-def stack_broker(request: pytest.FixtureRequest) -> Any:
-    """A session broker (the same selection rules as the ``broker`` fixture)."""
-    server = request.getfixturevalue(f"{request.param}_broker")
-    server.start()
-    return server
+@pytest.fixture(scope="session")
+def stack_broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
+    """The session broker the session's core stack runs on."""
+    kafka_broker.start()
+    return kafka_broker
 
 
 @pytest.fixture(scope="module")
-def module_tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
-    """A Tansu broker of the requesting module alone, for modules that run agent-group workers:
-    on the session brokers they would join the session core stack's consumer groups."""
-    root = tmp_path_factory.mktemp("module-tansu")
-    broker = _launch(f"tansu ({root.name})", lambda: TansuBroker(root, die_with_parent=True))
+def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
+    """A Kafka broker of the requesting module alone, for modules that run agent-group workers:
+    on the session broker they would join the session core stack's consumer groups."""
+    root = tmp_path_factory.mktemp("module-kafka")
+    name = f"kafka ({root.name})"
+    broker = _launch(name, lambda: KafkaKRaftBroker(root, ensure_kafka_libs(), die_with_parent=True))
     yield broker
-    _shutdown(f"tansu ({root.name})", broker)
+    _shutdown(name, broker)
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +170,7 @@ def module_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
     alone; a node a test kills is restarted, data kept, after that test."""
     root = tmp_path_factory.mktemp("kafka-cluster")
     name = f"kafka cluster ({root.name})"
-    cluster = _launch(name, lambda: KafkaCluster(root, ensure_kafka_libs(REPO_ROOT), die_with_parent=True))
+    cluster = _launch(name, lambda: KafkaCluster(root, ensure_kafka_libs(), die_with_parent=True))
     yield cluster
     _shutdown(name, cluster)
 
@@ -231,7 +183,9 @@ def core_stack(session_core_stack: Stack) -> Stack:
 
 
 @pytest.fixture(scope="session")
-def session_core_stack(stack_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def session_core_stack(
+    stack_broker: KafkaKRaftBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """code, review, chain and settlement workers on one broker, for the whole session."""
     root = tmp_path_factory.mktemp("core-stack")
     settings = Settings(kafka_url=f"kafka://{stack_broker.bootstrap}")

@@ -1,8 +1,8 @@
 """The same playback input gives the same anomalies with 1, 2 and 3 anomaly workers.
 
 Real ``avcc worker anomaly`` processes (each bound to its own loopback address, like pods) on a
-module-private Tansu, which is restarted -- emptied -- before each run, so both runs start from
-the same topics holding the same seeded events. Done means: the group has committed every
+fresh Kafka broker per run, so every run starts from the same topics holding the same seeded
+events. Done means: the group has committed every
 offset of both the source and the partials topic, stably (offsets are committed only after the
 anomalies are acknowledged), and then the anomaly topic is read whole.
 """
@@ -27,7 +27,7 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, ANOMALY_WINDOW_PARTIALS, PLAYBACK_EVENT
 from app.playback.anomaly.detector import GROUP
-from app.servers import TansuBroker
+from app.servers import KafkaKRaftBroker, ensure_kafka_libs
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
 from tests.integration.stack import Stack
@@ -129,8 +129,7 @@ def produce(bootstrap: str) -> list[int]:
 
 
 def log_ends(bootstrap: str, topic: str, partitions: int) -> list[int]:
-    """The end offset of each partition, read up to the end of partition (Tansu's reported
-    high watermarks can be stale)."""
+    """The end offset of each partition, read up to the end of partition."""
     reader = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"ends-{uuid.uuid4().hex}", "enable.partition.eof": True}
     )
@@ -208,9 +207,14 @@ def anomalies(bootstrap: str) -> set[Finding]:
     return set(found.values())
 
 
-def run(broker: TansuBroker, root: Path, workers: int) -> tuple[set[Finding], list[int]]:
+def run(root: Path, workers: int) -> tuple[set[Finding], list[int]]:
     """The anomalies ``workers`` anomaly workers find in the input, and each one's partition count."""
-    broker.restart()  # memory storage: an empty broker
+    with KafkaKRaftBroker(root / "kafka", ensure_kafka_libs(), die_with_parent=True) as broker:
+        return run_on(broker, root / "workers", workers)
+
+
+def run_on(broker: KafkaKRaftBroker, root: Path, workers: int) -> tuple[set[Finding], list[int]]:
+    """:func:`run` on an empty ``broker``."""
     apply_plan(Settings(kafka_url=f"kafka://{broker.bootstrap}"), [PLAYBACK_EVENT, ANOMALY])
     source_ends = produce(broker.bootstrap)
     assert all(source_ends), f"every source partition gets events: {source_ends}"
@@ -236,8 +240,8 @@ def ready(stack: Stack, index: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def runs(module_tansu: TansuBroker, tmp_path: Path) -> Iterator[dict[int, tuple[set[Finding], list[int]]]]:
-    yield {n: run(module_tansu, tmp_path / f"workers-{n}", n) for n in (1, 2, 3)}
+def runs(tmp_path: Path) -> Iterator[dict[int, tuple[set[Finding], list[int]]]]:
+    yield {n: run(tmp_path / f"run-{n}", n) for n in (1, 2, 3)}
 
 
 def test_one_and_three_workers_find_the_same_anomalies(

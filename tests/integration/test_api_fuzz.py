@@ -1,13 +1,13 @@
 """No 5xx from any input: schemathesis over every route of every worker that serves ``/v1/`` routes.
 
-The code, review and settlement workers of the session's core stack (Tansu only, to keep CI
-time), plus a gateway and a sink worker (ClickHouse) started here on the same broker (with an
-ops worker, whose console renders the merged document at ``/docs``), each
-fuzzed through the ``/openapi.json`` it serves: signed with a key holding every scope and
-unsigned, each with cases that fit the document and cases that break it (signed, the hook
-replaces broken signing headers; unsigned, they reach the server). Every answer must be documented
-(status, content type, body schema) and none may be a 5xx other than the documented 503. A
-summary line per worker and run goes to the terminal, past pytest's output capture.
+The code, review and settlement workers of the session's core stack, plus a gateway and a sink
+worker (ClickHouse) started here on the same broker (with an ops worker, whose console renders the
+merged document at ``/docs``), each fuzzed through the ``/openapi.json`` it serves: signed with a
+key holding every scope and unsigned, each with cases that fit the document and cases that break it
+(signed, the hook replaces broken signing headers; unsigned, they reach the server). Every answer
+must be documented (status, content type, body schema) and none may be a 5xx other than the
+documented 503. A summary line per worker and run goes to the terminal, past pytest's output
+capture.
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ from app.servers.clickhouse import ClickHouseServer
 from tests.integration.api_fuzz import FuzzSummary, HmacAuth, call_documented, fuzz_worker
 from tests.integration.stack import API_KEY, API_SECRET, Stack, application, wait_for
 
-pytestmark = [
-    pytest.mark.timeout(1200),
-    pytest.mark.parametrize("stack_broker", ["tansu"], indirect=True),
-]
+pytestmark = [pytest.mark.timeout(1200)]
 
 #: (auth, cases per operation, generation mode) of each run against each worker.
 RUNS = (

@@ -34,7 +34,7 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
-from app.servers.tansu import TansuBroker
+from app.servers import KafkaKRaftBroker
 from tests.integration.stack import API_KEY, API_SECRET, CORE_GROUPS, ROOT, Stack, application, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,11 +46,11 @@ INVALID = 30
 
 
 @pytest.fixture(scope="module")
-def stack(module_tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(module_kafka: KafkaKRaftBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root: Path = tmp_path_factory.mktemp("bulk")
-    apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     env = {"AVCC_BULK_CLAIM_WAIT_S": "0.05", "AVCC_BULK_RETRY_AFTER_S": "1"}
-    stack = Stack(module_tansu.bootstrap, root, env=env)
+    stack = Stack(module_kafka.bootstrap, root, env=env)
     stack.start(*CORE_GROUPS)
     yield stack
     stack.stop_all()

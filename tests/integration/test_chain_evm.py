@@ -1,6 +1,6 @@
 """chain-svc on a real EVM chain (ganache): registrations exactly once through crashes and outages.
 
-The workers run against Tansu and a ganache node with a freshly deployed AvccRegistry; every
+The workers run against Apache Kafka and a ganache node with a freshly deployed AvccRegistry; every
 check reads the chain itself (receipts, contract state, registration events).
 """
 
@@ -29,8 +29,8 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ, TOPIC_PLAN
+from app.servers import KafkaKRaftBroker
 from app.servers.process import free_port
-from app.servers.tansu import TansuBroker
 from tests.integration.conftest import EvmChain
 from tests.integration.stack import ROOT, Stack, application, record_when, wait_for
 from tests.integration.test_lifecycle import _read_all
@@ -92,15 +92,15 @@ def registry(evm_chain: EvmChain) -> Registry:
 
 @pytest.fixture(scope="module")
 def evm_stack(
-    module_tansu: TansuBroker,
+    module_kafka: KafkaKRaftBroker,
     evm_chain: EvmChain,
     registry: Registry,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
-    """code, review, chain (EVM backend, 2 confirmations) and retry workers on Tansu; retries
+    """code, review, chain (EVM backend, 2 confirmations) and retry workers on Kafka; retries
     outlast a 20 s outage."""
     root = tmp_path_factory.mktemp("evm-stack")
-    apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     env = {
         "AVCC_CHAIN_URL": evm_chain.node.url,
         "AVCC_CHAIN_CONTRACT": registry.address,
@@ -110,7 +110,7 @@ def evm_stack(
         "AVCC_RETRY_BACKOFF_S": "[1, 2, 4, 8]",
         "AVCC_WORKER_STALL_S": "45",
     }
-    stack = Stack(module_tansu.bootstrap, root, env=env)
+    stack = Stack(module_kafka.bootstrap, root, env=env)
     stack.start(*GROUPS)
     stack.supervise()
     yield stack

@@ -1,6 +1,6 @@
 """The console home page and the human review workbench in a real headless Chromium.
 
-code, review, chain and settlement workers plus the ops worker run on a real Tansu broker. An
+code, review, chain and settlement workers plus the ops worker run on a real Kafka broker. An
 application lands in ``need_human``; the overview shows it among the records by status; an
 operator approves it from the workbench page; its AVCC code is issued, and the review task
 names the operator as reviewer and the console's key as ``decided_by_key``. Cross-site and
@@ -33,10 +33,10 @@ UNKNOWN_MODEL = {"model_name": "home-made-diffuser", "model_version": "v2.1.0"}
 
 
 @pytest.fixture(scope="module")
-def console_stack(module_tansu: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def console_stack(module_kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The core groups and the ops worker, the console signing with its own scoped key."""
     root = tmp_path_factory.mktemp("console-stack")
-    apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     keys = {
         API_KEY: API_SECRET,
         CONSOLE_KEY: {
@@ -45,7 +45,7 @@ def console_stack(module_tansu: Any, tmp_path_factory: pytest.TempPathFactory) -
         },
     }
     stack = Stack(
-        module_tansu.bootstrap,
+        module_kafka.bootstrap,
         root,
         env={
             "AVCC_HMAC_KEYS": json.dumps(keys),

@@ -8,8 +8,6 @@ import asyncio
 import uuid
 from typing import Any
 
-import pytest
-
 from app.lifecycle.chain.ledger import verify_ledger
 from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
@@ -39,17 +37,11 @@ async def submit(stack: Stack, body: dict[str, Any], deadline_s: float = 90.0) -
 
 
 def committed_lag(bootstrap: str, group: str, topic: str) -> int | None:
-    """End offset minus committed offset summed over ``topic``'s partitions, on any broker.
-
-    The end of each partition is probed at its tail by the lag reader (the last record actually
-    fetched + 1, or the fetch's high watermark), not taken from the end offset the broker reports:
-    Tansu reports the last batch's base offset + 1 there, which would hide unconsumed records
-    (tests/integration/test_lag.py checks the probe against known offsets on Kafka and Tansu).
-    ``None`` when some partition could not be read this time.
-    """
+    """End offset minus committed offset summed over ``topic``'s partitions, as the lag reader
+    sees them; ``None`` when some partition could not be read this time."""
     settings = Settings(kafka_url=f"kafka://{bootstrap}")
     partitions = sorted(admin_client(settings).list_topics(topic, timeout=10).topics[topic].partitions)
-    reader = OffsetReader(settings, LagSettings(rules=(), probe_end_offsets=True))
+    reader = OffsetReader(settings, LagSettings(rules=()))
     try:
         rows = reader.group_offsets(group, [(topic, p) for p in partitions])
     finally:
@@ -96,8 +88,6 @@ async def test_sigkilled_workers_lose_and_duplicate_nothing(core_stack: Stack, s
         core_stack.stop("review", 1)
 
 
-# Apache Kafka only: Tansu (the dev broker) keeps messages in memory, a restart loses them by design.
-@pytest.mark.parametrize("stack_broker", ["kafka"], indirect=True)
 async def test_broker_restart_during_production_loses_nothing(core_stack: Stack, stack_broker: Any) -> None:
     ledger = core_stack.data_dir("chain") / "ledger"
     txs_before = verify_ledger(ledger).transactions

@@ -87,6 +87,14 @@ def _listening(pids: set[int]) -> set[tuple[str, int]]:
     return found
 
 
+def _loopback(ip: str) -> bool:
+    """Whether ``ip`` is a loopback address, also written IPv4-mapped (``::ffff:127.0.0.1``: how the
+    JVM's dual-stack sockets, the Kafka broker's, show up in ``/proc/net/tcp6``)."""
+    address = ipaddress.ip_address(ip)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
 def _wait_ready(dev: subprocess.Popen[bytes], ports: dict[str, int], timeout: float, log: Path) -> None:
     """Wait until every group answers ``/ready`` on its port (failing with the end of ``log``)."""
     deadline = time.monotonic() + timeout
@@ -149,7 +157,7 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
         sockets = _listening(stack)
         ports = {port for _, port in sockets}
         assert {base + g.port_offset for g in GROUPS} | {broker_port} <= ports, sockets
-        exposed = {(ip, port) for ip, port in sockets if not ipaddress.ip_address(ip).is_loopback}
+        exposed = {(ip, port) for ip, port in sockets if not _loopback(ip)}
         assert not exposed, f"the dev stack listens beyond loopback: {sorted(exposed)}"
         for group in GROUPS:  # faust's own table/router views answer without any login: gone
             for page in ("/router/", "/table/records/1/", "/table/claims/x/"):

@@ -1,6 +1,7 @@
 """The dev stack's supervisor (issue 10): a taken port fails `avcc dev` fast and by name; a worker
 that aborts (SIGABRT, like librdkafka's failed assertion) or is killed over and over comes back
-after growing delays while the rest of the stack keeps serving, and no application is lost."""
+after growing delays while the rest of the stack keeps serving, and no application is lost.
+(The broker's own restarts: tests/integration/test_dev_restarts.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import pytest
 from app.platform.groups import GROUPS, group_spec
 from app.platform.http.auth import sign_request
 from app.servers.process import free_port, free_port_block
-from app.supervisor.ports import port_holders
 from tests.integration.test_dev_stack import (
     ROOT,
     _application,
@@ -84,7 +84,7 @@ def test_avcc_dev_with_a_taken_port_exits_within_seconds_naming_the_port(tmp_pat
     assert f"port {port} is already in use on 127.0.0.1" in output, output
     assert f"held by pid {os.getpid()} (" in output, output  # the squatter is this very test
     assert "AVCC dev stack" not in output, "no banner over a stack that did not start"
-    assert not (tmp_path / "var" / "tansu").exists(), "nothing may start before the ports are checked"
+    assert not (tmp_path / "var" / "kafka").exists(), "nothing may start before the ports are checked"
 
 
 def _worker_pid(dev_pid: int, group: str) -> int | None:
@@ -198,35 +198,3 @@ def test_aborted_and_crash_looping_workers_come_back_with_growing_delays_and_not
     assert dev.returncode == 0, log.read_text()[-3000:]
     assert_none_left(children)
     assert "restarts while the stack ran: {'review': 4, 'ops': 1}" in log.read_text()
-
-
-def test_the_stack_stops_with_a_clear_message_when_its_broker_dies(tmp_path: Path) -> None:
-    base = free_port_block(g.port_offset for g in GROUPS)
-    broker_port = free_port()
-    log = tmp_path / "dev.log"
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "app", "dev", "--groups", "ops"],
-        cwd=ROOT,
-        env=_dev_env(tmp_path, broker_port, base),
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        _wait_ready(dev, {"ops": base}, 240, log)
-        holders = port_holders(broker_port)
-        assert len(holders) == 1 and all(name.startswith("tansu") for name in holders.values()), holders
-        (tansu,) = holders
-        assert tansu in _descendants(dev.pid), "the broker on the port must be the stack's own"
-        children = _descendants(dev.pid) - {tansu}
-        os.kill(tansu, signal.SIGKILL)
-        dev.wait(timeout=60)
-    finally:
-        if dev.poll() is None:
-            os.killpg(dev.pid, signal.SIGKILL)
-            dev.wait()
-    text = log.read_text()
-    assert dev.returncode == 1, text[-3000:]
-    assert f"the embedded Tansu broker on 127.0.0.1:{broker_port} is gone (killed by SIGKILL)" in text
-    assert "restarted group" not in text, "no group is restarted against a dead broker"
-    assert_none_left(children)

@@ -47,8 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKOFF_S = (0.2, 0.4, 0.8)
 TOPIC_DELAY_S = 2.0
 #: How much later than its delay a retry-topic redelivery may be handled: the forwarder and the
-#: worker both sat idle through the delay, so each may be in a backed-off fetch (up to
-#: ``AVCC_KAFKA_IDLE_FETCH_MAX_WAIT_MS``, 400 ms, on Tansu), plus scheduling on a loaded 2-core box
+#: worker both sat idle through the delay, so each may be in a fetch waiting for data (up to its
+#: 500 ms fetch wait), plus scheduling on a loaded 2-core box
 #: (seen: 3.007 s for a 2 s delay in a CI run that took 1.5x its usual time).
 REDELIVERY_SLACK_S = 1.5
 PARTITIONS = 3

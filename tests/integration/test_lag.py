@@ -13,7 +13,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer
@@ -26,7 +25,7 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
-from app.servers import ManagedProcess, free_port
+from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -35,20 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
-class BrokerHandle(Protocol):
-    """What the ``broker`` fixture yields (see tests/integration/conftest.py)."""
-
-    name: str
-
-    @property
-    def bootstrap(self) -> str: ...
-
-
 # ----------------------------------------------------------------------------- helpers
 
 
 def produce(bootstrap: str, topic: str, count: int) -> None:
-    """``count`` small records keyed round-robin, batched (so Tansu under-reports its end offsets)."""
+    """``count`` small records keyed round-robin, batched."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
     failures: list[object] = []
 
@@ -104,7 +94,7 @@ class RecordingSink:
         return [a.annotations["status"] for a in self.alerts]
 
 
-def lag_config(broker: BrokerHandle, topic: str, group: str, *, window_s: float = 60.0) -> LagSettings:
+def lag_config(topic: str, group: str, *, window_s: float = 60.0) -> LagSettings:
     rule = LagRule(
         name="TestApplyLag",
         topic=topic,
@@ -120,8 +110,6 @@ def lag_config(broker: BrokerHandle, topic: str, group: str, *, window_s: float 
         window_s=window_s,
         repeat_s=600.0,
         group_prefix=group,
-        # Tansu reports the last batch's base offset + 1 as end offset: probe the tails there.
-        probe_end_offsets=broker.name == "tansu",
     )
 
 
@@ -148,14 +136,14 @@ def lag_sample(group: str, topic: str, partition: int) -> float | None:
 
 
 async def test_lag_alert_fires_for_an_idle_group_and_resolves_once_it_catches_up(
-    broker: BrokerHandle, unique: str
+    broker: KafkaKRaftBroker, unique: str
 ) -> None:
     topic, group = f"lagtest.apply.{unique}", f"lagtest-review-{unique}"
     create_topic(broker.bootstrap, topic, 6)
     produce(broker.bootstrap, topic, 1500)
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
     sink = RecordingSink()
-    monitor = LagMonitor(settings, lag_config(broker, topic, group), sinks=[sink])
+    monitor = LagMonitor(settings, lag_config(topic, group), sinks=[sink])
     try:
         # Nobody has committed for the group: the whole topic is lag, 1500 > 1000.
         report = await tick_until(monitor, lambda r: bool(r.active_alerts), 30, "lag alert")
@@ -186,13 +174,13 @@ async def test_lag_alert_fires_for_an_idle_group_and_resolves_once_it_catches_up
 
 
 async def test_consumer_that_stops_committing_is_stall_while_alive_then_stop(
-    broker: BrokerHandle, unique: str
+    broker: KafkaKRaftBroker, unique: str
 ) -> None:
     topic, group = f"lagtest.stall.{unique}", f"lagtest-stall-{unique}"
     create_topic(broker.bootstrap, topic, 6)
     produce(broker.bootstrap, topic, 600)
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
-    monitor = LagMonitor(settings, lag_config(broker, topic, group, window_s=5.0), sinks=[RecordingSink()])
+    monitor = LagMonitor(settings, lag_config(topic, group, window_s=5.0), sinks=[RecordingSink()])
     consumer = consumer_for(broker.bootstrap, group, topic)
     try:
         assert consume(consumer, 200) == 200
@@ -213,7 +201,7 @@ async def test_consumer_that_stops_committing_is_stall_while_alive_then_stop(
 
 
 def test_print_lag_table_shows_the_group(
-    broker: BrokerHandle, unique: str, capsys: pytest.CaptureFixture[str]
+    broker: KafkaKRaftBroker, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.ops.lag.pages import print_lag_table
 
@@ -221,14 +209,14 @@ def test_print_lag_table_shows_the_group(
     create_topic(broker.bootstrap, topic, 6)
     produce(broker.bootstrap, topic, 1500)
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
-    assert print_lag_table(settings, lag_config(broker, topic, group)) == 1  # 1500 > 1000
+    assert print_lag_table(settings, lag_config(topic, group)) == 1  # 1500 > 1000
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["group", "topic", "partition", "end", "committed", "lag", "status"]
     assert sum(1 for line in out.splitlines() if line.startswith(group)) == 6
     assert "ALERT TestApplyLag" in out
 
 
-def test_reader_ignores_groups_outside_the_prefix(broker: BrokerHandle, unique: str) -> None:
+def test_reader_ignores_groups_outside_the_prefix(broker: KafkaKRaftBroker, unique: str) -> None:
     topic, group = f"lagtest.prefix.{unique}", f"lagtest-prefix-{unique}"
     create_topic(broker.bootstrap, topic, 1)
     produce(broker.bootstrap, topic, 10)
@@ -239,7 +227,7 @@ def test_reader_ignores_groups_outside_the_prefix(broker: BrokerHandle, unique: 
     finally:
         consumer.close()
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
-    config = LagSettings(rules=(), group_prefix=group, probe_end_offsets=broker.name == "tansu")
+    config = LagSettings(rules=(), group_prefix=group)
     reader = OffsetReader(settings, config)
     try:
         snapshot = reader.snapshot()
@@ -292,7 +280,7 @@ def worker_env(bootstrap: str, data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
-    broker: BrokerHandle, unique: str, tmp_path: Path
+    broker: KafkaKRaftBroker, unique: str, tmp_path: Path
 ) -> None:
     topic, group = f"lagtest.ops.{unique}", f"lagtest-ops-{unique}"
     create_topic(broker.bootstrap, topic, 6)
@@ -307,7 +295,6 @@ def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
         AVCC_LAG_INTERVAL_S="1",
         AVCC_LAG_RULES=json.dumps(rules),
         AVCC_LAG_GROUP_PREFIX=group,
-        AVCC_LAG_PROBE_END_OFFSETS="true" if broker.name == "tansu" else "false",
         **OPERATOR,
     )
     base = f"http://127.0.0.1:{port}"
@@ -400,7 +387,7 @@ WORKER_MODULE = textwrap.dedent(
 
 
 def test_worker_exports_the_lag_of_its_own_partitions(
-    broker: BrokerHandle, unique: str, tmp_path: Path
+    broker: KafkaKRaftBroker, unique: str, tmp_path: Path
 ) -> None:
     topic, short_group = f"lagtest.worker.{unique}", f"lagw{unique}"
     group = f"avcc-{short_group}"
@@ -414,7 +401,6 @@ def test_worker_exports_the_lag_of_its_own_partitions(
         TEST_GROUP=short_group,
         TEST_TOPIC=topic,
         AVCC_LAG_EXPORT_INTERVAL_S="1",
-        AVCC_LAG_PROBE_END_OFFSETS="true" if broker.name == "tansu" else "false",
         **OPERATOR,
     )
     base = f"http://127.0.0.1:{port}"

@@ -109,8 +109,7 @@ async def test_need_human_waits_for_reviewer_then_completes_or_rejects(core_stac
 
 
 def _read_all(bootstrap: str, topics: list[str]) -> list[Any]:
-    """Every message now readable on ``topics`` (read until 3 s without new data: Tansu's
-    reported end offsets lag, so they cannot be the stop condition)."""
+    """Every message now readable on ``topics`` (read until 3 s without new data)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,

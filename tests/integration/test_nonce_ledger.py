@@ -21,7 +21,7 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import NONCES, TOPIC_PLAN
-from tests.integration.conftest import BrokerHandle
+from app.servers import KafkaKRaftBroker
 from tests.integration.stack import API_KEY, API_SECRET, Stack, application
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ async def _ready(*ledgers: NonceLedger, timeout_s: float = 60.0) -> None:
 
 
 async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
-    broker: BrokerHandle, unique: str
+    broker: KafkaKRaftBroker, unique: str
 ) -> None:
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}", nonce_store="kafka")
     topic = dataclasses.replace(NONCES, name=f"{NONCES.name}.{unique}")
@@ -83,9 +83,9 @@ async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
 
 
 async def test_idle_readers_pause_and_a_replay_is_still_refused_after_idling(
-    broker: BrokerHandle, unique: str
+    broker: KafkaKRaftBroker, unique: str
 ) -> None:
-    """Readers nobody claims through stop fetching (each fetch costs Tansu CPU, answered or not);
+    """Readers nobody claims through stop fetching (an idle reader's fetches cost CPU for nothing);
     a claim wakes its own reader at once, and the other replica, idle meanwhile, still reads that
     claim before its own: the replay is refused."""
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}", nonce_store="kafka")
@@ -115,11 +115,11 @@ async def test_idle_readers_pause_and_a_replay_is_still_refused_after_idling(
 
 
 @pytest.fixture
-def two_code_replicas(module_tansu: Any, tmp_path: Path) -> Iterator[Stack]:
+def two_code_replicas(module_kafka: Any, tmp_path: Path) -> Iterator[Stack]:
     """Two code workers on 127.0.0.1 and 127.0.0.2 (their own broker: on the session's they would
     join the session core stack's code group)."""
-    apply_plan(Settings(kafka_url=f"kafka://{module_tansu.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
-    stack = Stack(module_tansu.bootstrap, tmp_path)
+    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    stack = Stack(module_kafka.bootstrap, tmp_path)
     try:
         stack.start("code", index=0)
         stack.start("code", index=1)

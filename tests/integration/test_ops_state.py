@@ -31,7 +31,7 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ, TOPIC_PLAN
-from app.servers import TansuBroker
+from app.servers import KafkaKRaftBroker
 from schemas.system import FailureMetadata
 from tables.ops import DLQ_STORE_DIR
 from tests.integration.stack import ROOT, Stack, create_topic, wait_for
@@ -76,12 +76,12 @@ def _dead_letters(bootstrap: str, original_topic: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ops_pair(module_tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def ops_pair(module_kafka: KafkaKRaftBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Two ops workers (127.0.0.2, 127.0.0.3) on the module's own broker."""
-    settings = Settings(kafka_url=f"kafka://{module_tansu.bootstrap}")
+    settings = Settings(kafka_url=f"kafka://{module_kafka.bootstrap}")
     apply_plan(settings, [*TOPIC_PLAN, *changelog_specs([group_spec("ops")])])
     stack = Stack(
-        module_tansu.bootstrap,
+        module_kafka.bootstrap,
         tmp_path_factory.mktemp("ops-state"),
         env={"AVCC_OPERATOR_USERS": json.dumps({OPERATOR[0]: OPERATOR[1]})},
     )
@@ -170,12 +170,12 @@ def reinjected_events(bootstrap: str, topic: str) -> list[str]:
 
 
 def test_dlq_state_is_shared_by_replicas_and_survives_a_lost_disk(
-    ops_pair: Stack, module_tansu: TansuBroker
+    ops_pair: Stack, module_kafka: KafkaKRaftBroker
 ) -> None:
     stack = ops_pair
     original = f"orders-{uuid.uuid4().hex[:8]}"
-    create_topic(module_tansu.bootstrap, original, 3)
-    events = _dead_letters(module_tansu.bootstrap, original)
+    create_topic(module_kafka.bootstrap, original, 3)
+    events = _dead_letters(module_kafka.bootstrap, original)
 
     def all_indexed(index: int) -> dict[str, str] | None:
         found = statuses(listing(stack, index, original))
@@ -237,9 +237,9 @@ def test_dlq_state_is_shared_by_replicas_and_survives_a_lost_disk(
     assert "alice (via operator) reinject" in details[first] and "(re-injection 1)" in details[first]
     assert details[raced].count(" reinject ") == accepted and f"re-injections={accepted}/3" in details[raced]
     assert "audit trail:\n  (none)" in details[untouched] and details[contested].count(" discard dup") == 1
-    wait_for(lambda: len(reinjected_events(module_tansu.bootstrap, original)) >= 2 + accepted, 30)
+    wait_for(lambda: len(reinjected_events(module_kafka.bootstrap, original)) >= 2 + accepted, 30)
     time.sleep(1.0)
-    produced = reinjected_events(module_tansu.bootstrap, original)
+    produced = reinjected_events(module_kafka.bootstrap, original)
     assert sorted(produced) == sorted([events[0], events[1], *[events[4]] * accepted]), produced
 
     # replica A loses its disk: the rebuilt view is the same, on both replicas

@@ -1,10 +1,9 @@
-"""The managed servers really work: produce/consume on each broker, restarts keep data."""
+"""The managed servers really work: produce/consume on the broker, restarts keep data."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
 import pytest
 from clickhouse_driver import Client
@@ -16,21 +15,11 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
-from app.servers import ClickHouseServer, KafkaKRaftBroker, TansuBroker
+from app.servers import ClickHouseServer, KafkaKRaftBroker
 from tests.integration.stack import create_topic
 
 pytestmark = pytest.mark.integration
-
-
-class BrokerHandle(Protocol):
-    """What the ``broker`` fixture yields (see tests/integration/conftest.py)."""
-
-    name: str
-
-    @property
-    def bootstrap(self) -> str: ...
 
 
 N_MESSAGES = 100
@@ -96,7 +85,7 @@ def committed_total(bootstrap: str, topic: str, group: str, partitions: int) -> 
         consumer.close()
 
 
-def test_produce_and_consume_keyed_messages(broker: BrokerHandle, unique: str) -> None:
+def test_produce_and_consume_keyed_messages(broker: KafkaKRaftBroker, unique: str) -> None:
     topic, group = f"servers-{unique}", f"servers-{unique}"
     keys = [f"key-{i:03d}" for i in range(N_MESSAGES)]
     create_topic(broker.bootstrap, topic, partitions=3)
@@ -111,18 +100,6 @@ def test_produce_and_consume_keyed_messages(broker: BrokerHandle, unique: str) -
         partition_of.setdefault(msg.key(), set()).add(msg.partition())
     assert all(len(parts) == 1 for parts in partition_of.values())
     assert {m.partition() for m in received} == {0, 1, 2}
-
-
-def test_tansu_restart_comes_back_empty(tansu_broker: TansuBroker, unique: str) -> None:
-    topic = f"servers-{unique}"
-    create_topic(tansu_broker.bootstrap, topic, partitions=1)
-    port = tansu_broker.port
-
-    tansu_broker.restart()
-
-    assert tansu_broker.port == port
-    admin = AdminClient({"bootstrap.servers": tansu_broker.bootstrap})
-    assert topic not in admin.list_topics(timeout=10).topics  # memory storage
 
 
 def test_kafka_restart_keeps_records_and_offsets(kafka_broker: KafkaKRaftBroker, unique: str) -> None:

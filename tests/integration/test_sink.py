@@ -1,7 +1,7 @@
 """The clickhouse-sink end to end: exact counts, DLQ, a ClickHouse outage and a SIGKILLed worker.
 
 Every test uses uuid-suffixed copies of the plan's playback/anomaly/DLQ topics, its own consumer
-group and its own ClickHouse database, on each broker (Tansu, Kafka) and the ClickHouse server.
+group and its own ClickHouse database, on the Kafka broker and the ClickHouse server.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The issue's checked scenario: 1,000,000 events, a SIGKILLed sink worker, a 30 s ClickHouse outage.
 
 A real ``avcc worker sink`` subprocess consumes a uuid-suffixed playback topic on the local
-broker (Tansu) into its own database on the ClickHouse 18.16 server while a paced producer
+Kafka broker into its own database on the ClickHouse 18.16 server while a paced producer
 (the playback profile) writes 1,000,000 envelopes of ~320 bytes keyed by event id. Once
 >= 300k rows landed the worker is SIGKILLed and started again; after it resumed, ClickHouse is
 stopped for 30 s and started again. In the end the shipped stats query (direct and over signed
@@ -128,7 +128,7 @@ def http_stats(stack: Stack) -> dict[str, Any]:
 
 
 def _cleanup(scenario: Scenario, clickhouse_server: ClickHouseServer) -> None:
-    """Free the broker's memory (Tansu keeps every record in RAM) and the server's disk.
+    """Free the broker's and the server's disk.
 
     Best effort: everything is uuid-named, a leftover harms no other test.
     """
@@ -145,7 +145,6 @@ def _cleanup(scenario: Scenario, clickhouse_server: ClickHouseServer) -> None:
         print(f"# cleanup incomplete: {exc}")
 
 
-@pytest.mark.parametrize("broker", ["tansu"], indirect=True)
 def test_a_million_events_survive_a_sigkill_and_a_clickhouse_outage_counted_exactly_once(
     scenario: Scenario, clickhouse_server: ClickHouseServer, tmp_path: Path
 ) -> None:

@@ -36,8 +36,6 @@ def test_apply_creates_the_plan_then_reports_no_drift(broker, unique: str) -> No
     assert second.created == [] and second.drift == []
 
 
-# Apache Kafka only: Tansu implements neither AlterConfigs nor CreatePartitions.
-@pytest.mark.parametrize("broker", ["kafka"], indirect=True)
 def test_retention_drift_is_fixed_and_partition_drift_needs_the_flag(broker, unique: str) -> None:
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
     spec = TopicSpec(f"drift.{unique}", 2, 3_600_000, "delete", "k", "core", "test")
@@ -118,8 +116,6 @@ def test_produced_keys_land_on_the_java_murmur2_partition(broker, unique: str) -
         assert partition == partition_for(record_key(record_id), spec.partitions), record_id
 
 
-# Apache Kafka only: Tansu does not enforce a topic's max.message.bytes.
-@pytest.mark.parametrize("broker", ["kafka"], indirect=True)
 def test_playback_messages_the_broker_refuses_are_counted_and_the_rest_stored(broker, unique: str) -> None:
     from confluent_kafka import Consumer
     from confluent_kafka.admin import NewTopic

@@ -11,15 +11,11 @@ from app.platform.settings import get_settings
 
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Point the settings at a closed loopback port and name the broker kind, so nothing probes;
-    signed requests' nonces are kept in the process.
-
-    Without ``AVCC_KAFKA_SINGLE_RECORD_BATCHES`` building a faust App asks the broker for its
-    cluster id; a unit test that would need an answer from a broker fails instead of finding one
-    that an integration test or ``make run`` left on the default port.
+    """Point the settings at a closed loopback port, so a unit test that would need an answer from
+    a broker fails instead of finding one that an integration test or ``make run`` left on the
+    default port; signed requests' nonces are kept in the process.
     """
     monkeypatch.setenv("AVCC_KAFKA_URL", "kafka://127.0.0.1:1")
-    monkeypatch.setenv("AVCC_KAFKA_SINGLE_RECORD_BATCHES", "false")
     monkeypatch.setenv("AVCC_NONCE_STORE", "local")
     get_settings.cache_clear()
     yield

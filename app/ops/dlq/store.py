@@ -219,7 +219,7 @@ class DlqStore:
             if old.value == raw_value and old.headers == plain and old.key == key:
                 self._store_offset(partition, offset)
                 return self._with_state(old), False
-            # Same position, different record: the DLQ topic was recreated (e.g. Tansu memory).
+            # Same position, different record: the DLQ topic was recreated (e.g. a wiped broker).
             dlq_id = self._free_id(dlq_id)
             log.warning(
                 "DLQ %d-%d holds a different record than indexed; storing as %s", partition, offset, dlq_id

@@ -3,13 +3,8 @@
 Groups come from ``AdminClient.list_consumer_groups``, group state from
 ``describe_consumer_groups``, committed offsets from a never-subscribing consumer of each group
 (``Consumer.committed``; the admin ``list_consumer_group_offsets`` can crash librdkafka, see
-:meth:`OffsetReader._committed`), end offsets from ``get_watermark_offsets``.
-
-End offsets: Tansu (the embedded dev broker) reports the base offset of the last batch + 1 as the
-end offset, so its lag reads far too low. With ``AVCC_LAG_PROBE_END_OFFSETS=true`` (default: on in
-dev mode) the reader fetches the tail of every partition once per snapshot and takes the high
-watermark of that fetch response, which is exact on both Tansu and Kafka. A committed offset past
-the reported end never yields a negative lag (clamped to 0).
+:meth:`OffsetReader._committed`), end offsets from ``get_watermark_offsets``. A committed offset
+past the reported end never yields a negative lag (clamped to 0).
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from app.ops.lag.settings import LagSettings
 from app.ops.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
@@ -57,8 +52,6 @@ class OffsetReader:
         self.settings = settings
         self.config = config if config is not None else LagSettings()
         self.clock = clock
-        probe = self.config.probe_end_offsets
-        self.probe = bool(probe)
         self._lock = threading.Lock()
         self._admin: Any = None
         self._consumer: Any = None
@@ -74,11 +67,7 @@ class OffsetReader:
     def _watermark_consumer(self) -> Any:
         if self._consumer is None:
             # Never subscribes nor commits: the group id only satisfies librdkafka.
-            conf = consumer_config(self.settings, "avcc-lag-reader", "avcc-lag-reader")
-            conf.update(
-                {"enable.partition.eof": True, "fetch.wait.max.ms": 50, "max.partition.fetch.bytes": 65536}
-            )
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer(consumer_config(self.settings, "avcc-lag-reader", "avcc-lag-reader"))
         return self._consumer
 
     def close(self) -> None:
@@ -226,7 +215,7 @@ class OffsetReader:
         return LagSnapshot(taken_at, tuple(rows), groups, errors)
 
     def _watermarks(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        """``(low, end)`` of each partition, probed at the tail when :attr:`probe` is on."""
+        """``(low, end)`` of each partition (partitions without a leader now are left out)."""
         consumer = self._watermark_consumer()
         timeout = self.config.request_timeout_s
         marks: dict[tuple[str, int], tuple[int, int]] = {}
@@ -239,40 +228,4 @@ class OffsetReader:
                 log.debug("watermarks of %s[%d] failed: %s", topic, partition, exc)
                 continue
             marks[(topic, partition)] = (int(low), int(high))
-        if self.probe:
-            self._probe_tails(consumer, marks)
         return marks
-
-    def _probe_tails(self, consumer: Any, marks: dict[tuple[str, int], tuple[int, int]]) -> None:
-        """Fetch at ``end - 1`` once per partition; the fetch's high watermark is the true end."""
-        targets = [
-            TopicPartition(topic, partition, max(high - 1, low))
-            for (topic, partition), (low, high) in marks.items()
-            if high > low
-        ]
-        if not targets:
-            return
-        pending = {(tp.topic, tp.partition) for tp in targets}
-        seen: dict[tuple[str, int], int] = {}
-        consumer.assign(targets)
-        try:
-            deadline = time.monotonic() + min(5.0, self.config.request_timeout_s)
-            while pending and time.monotonic() < deadline:
-                for message in consumer.consume(num_messages=10_000, timeout=0.2):
-                    key = (message.topic(), message.partition())
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(key)
-                        continue
-                    seen[key] = max(seen.get(key, -1), message.offset())
-                    pending.discard(key)
-            for key, (low, high) in list(marks.items()):
-                try:
-                    _, fetched_high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
-                except Exception:  # no fetch response for this partition: keep what we have
-                    fetched_high = -1
-                end = max(high, int(fetched_high), seen.get(key, -1) + 1)
-                marks[key] = (low, end)
-        finally:
-            consumer.unassign()

@@ -82,11 +82,6 @@ class LagSettings(BaseSettings):
     repeat_s: float = Field(300.0, description="Re-send a still-active alert this often.")
     group_prefix: str = Field("", description="Only watch groups whose id starts with this.")
     request_timeout_s: float = Field(10.0, description="Timeout of each admin/offset request.")
-    probe_end_offsets: bool | None = Field(
-        None,
-        description="Fetch each partition's tail to learn the exact end offset (needed on Tansu, "
-        "whose reported end offsets lag). Default: on when the broker is Tansu-like.",
-    )
     export_interval_s: float = Field(
         10.0, description="How often every worker exports the lag of its own partitions."
     )

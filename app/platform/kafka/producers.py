@@ -2,8 +2,7 @@
 
 The core profile (``acks=all``, idempotence, unbounded retries within a delivery timeout) is
 used for every core-topic, retry and DLQ message; the playback profile (``acks=1``,
-``linger.ms=5``, 64 KiB batches) for the firehose. confluent-kafka is used for both: its
-idempotent producer works on every broker we support (aiokafka's is refused by Tansu), it
+``linger.ms=5``, 64 KiB batches) for the firehose. confluent-kafka is used for both: it
 partitions with Java-compatible murmur2 in C, and it is ~8x faster than aiokafka.
 
 The playback profile's sends are never awaited, so librdkafka reports only its failed

@@ -170,7 +170,7 @@ def test_the_default_path_does_not_import_web3() -> None:
         "import sys, agents.chain, app.cli, app.dev; "
         "print(sorted({'web3', 'eth_account'} & set(sys.modules)))"
     )
-    env = {**os.environ, "AVCC_KAFKA_SINGLE_RECORD_BATCHES": "false", "AVCC_KAFKA_URL": "kafka://127.0.0.1:1"}
+    env = {**os.environ, "AVCC_KAFKA_URL": "kafka://127.0.0.1:1"}
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -1,5 +1,6 @@
 """The group supervisor on real (tiny) processes and a hand-driven clock: a crashing group is
-restarted with growing delays, the others are left alone, and a crash loop is reported loudly."""
+restarted with growing delays, the others are left alone, and a crash loop is reported loudly; a
+group whose tables are ahead of the broker is reported once and left stopped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from app.platform.groups import GroupSpec, group_spec
 from app.supervisor.backoff import BackoffPolicy
 from app.supervisor.groups import GroupSupervisor, describe_exit
+from app.worker import EXIT_TABLES_AHEAD_OF_BROKER as EXIT_TABLES
 
 CRASHER = group_spec("review")
 STEADY = group_spec("code")
@@ -110,3 +112,45 @@ def test_stop_cancels_pending_restarts(tmp_path: Path) -> None:
 )
 def test_exit_statuses_in_words(status: int, words: str) -> None:
     assert describe_exit(status) == words
+
+
+def test_a_group_whose_tables_are_ahead_of_the_broker_is_reported_once_and_not_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def command(spec: GroupSpec) -> list[str]:
+        if spec is CRASHER:
+            return [sys.executable, "-c", f"import sys; print('ConsistencyError'); sys.exit({EXIT_TABLES})"]
+        return [sys.executable, "-c", "import time; time.sleep(600)"]
+
+    clock = _Clock()
+    supervisor = GroupSupervisor(
+        [STEADY, CRASHER],
+        env={"AVCC_DATA_DIR": str(tmp_path / "var")},
+        logs=tmp_path,
+        policy=BackoffPolicy(initial_s=1.0, max_s=4.0),
+        web_port=lambda spec: 6066 + spec.port_offset,
+        command=command,
+        clock=clock,
+    )
+    caplog.set_level(logging.INFO, logger="avcc.dev")
+    try:
+        supervisor.start_all()
+        _wait_exit(supervisor, "review")
+        for _ in range(20):  # far past every backoff delay
+            supervisor.tick()
+            clock.now += 5.0
+        assert "review" not in supervisor.pids(), "a restart cannot mend it: the group stays stopped"
+        assert "code" in supervisor.pids(), "the other groups keep running"
+        assert supervisor.restarts() == {"code": 0, "review": 0}
+        assert set(supervisor.given_up()) == {"review"}
+    finally:
+        supervisor.stop(timeout=10)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(
+        f"group review stopped (exit status {EXIT_TABLES} (its tables are ahead of the broker's changelogs))"
+    )
+    assert "is NOT restarted" in errors[0]
+    assert f"delete {tmp_path / 'var' / 'workers' / 'review'}" in errors[0]
+    assert "make clean" in errors[0] and "ConsistencyError" in errors[0]  # the end of its log
+    assert (tmp_path / "review.log").read_text().count("ConsistencyError") == 1

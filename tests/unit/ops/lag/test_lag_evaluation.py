@@ -15,7 +15,7 @@ from tests.unit.ops.lag.lag_samples import GROUP, T0, config, kinds, one, rule, 
 
 def test_lag_is_end_minus_committed_and_never_negative() -> None:
     assert PartitionOffsets("g", "t", 0, end=100, committed=40).lag == 60
-    # Tansu reports end offsets that lag the log: a committed offset past "end" is lag 0.
+    # An end offset read before a commit that has since moved past it: lag 0, never negative.
     assert PartitionOffsets("g", "t", 0, end=100, committed=130).lag == 0
     # Never committed: everything from the low watermark is lag.
     assert PartitionOffsets("g", "t", 0, end=100, committed=None, low=30).lag == 70
