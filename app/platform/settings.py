@@ -47,6 +47,19 @@ class Settings(BaseSettings):
         10_000, description="Consumer session timeout; low so rebalances after a crash are quick."
     )
     replication_factor: int = Field(1, description="Replication factor for created topics.")
+    kafka_fetch_min_bytes: int = Field(
+        64 * 1024,
+        ge=1,
+        description="A core worker's fetch returns once this many bytes are there (or its wait is "
+        "over): fewer, larger fetches cost the worker and the broker less per event.",
+    )
+    kafka_fetch_max_wait_ms: int = Field(
+        25,
+        ge=1,
+        le=1500,
+        description="Longest a core worker's fetch waits for data: the latency it adds per hop when "
+        "traffic is light.",
+    )
     batch_max_events: int = Field(
         1000,
         ge=1,

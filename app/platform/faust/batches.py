@@ -28,9 +28,10 @@ event ids and every state change is keyed by the event ids it has seen.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -39,7 +40,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInPro
 from faust.types import TP
 
 from app.platform.faust import internals
-from app.platform.faust.cursor import Cursors
+from app.platform.faust.cursor import Cursors, OffsetSource
 from app.platform.faust.tables import Staged, Write, staging, write_durably
 from app.platform.kafka.producers import EventProducer, Outbound
 from app.platform.metrics import BATCH_EVENTS, BATCH_FAILURES, BATCH_SECONDS, COMMIT_FAILURES
@@ -156,7 +157,10 @@ class BatchAgent:
         max_events: int = 1000,
         within_s: float = 0.01,
         commit_interval_s: float = 0.2,
+        source: OffsetSource | None = None,
+        commit: Callable[[Mapping[TP, int]], Awaitable[None]] | None = None,
     ) -> None:
+        """``source`` and ``commit`` default to faust's consumer (tests pass their own)."""
         self.app = app
         self.name = name
         self.process = process
@@ -166,7 +170,8 @@ class BatchAgent:
         self.within_s = within_s
         self.commit_interval_s = commit_interval_s
         self._committed_at = float("-inf")
-        self.cursors = Cursors(name, frozenset(topics), FaustOffsets(app))
+        self.cursors = Cursors(name, frozenset(topics), source if source is not None else FaustOffsets(app))
+        self._commit_offsets = commit if commit is not None else functools.partial(internals.commit, app)
         self.lock = asyncio.Lock()
         self.busy_since: float | None = None
         #: Offsets processed and not committed yet (a commit that failed is tried again).
@@ -297,7 +302,7 @@ class BatchAgent:
         if not offsets:
             return
         try:
-            await internals.commit(self.app, offsets)
+            await self._commit_offsets(offsets)
         except (CommitFailedError, RebalanceInProgressError, IllegalStateError) as exc:
             COMMIT_FAILURES.labels(self.name, "rebalanced").inc()
             log.info(

@@ -31,6 +31,7 @@ from typing import Any
 import faust
 
 from app.platform.contracts import decode_event
+from app.platform.faust import internals
 from app.platform.faust.batches import Batch, BatchAgent, Process, source_topic
 from app.platform.faust.effects import Effects, Handler, Outgoing
 from app.platform.faust.tables import ModelTable, ParkedIds, Write, parking_table
@@ -139,6 +140,7 @@ class GroupRuntime:
         self._producer_lock = threading.Lock()
         app.task(self._start_producer)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]  # mode's typing
+        app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
 
     async def _start_producer(self) -> None:
         """Create and verify the producer at worker start, off the event loop (it blocks)."""
@@ -172,6 +174,12 @@ class GroupRuntime:
     async def emit(self, outputs: Iterable[Outgoing]) -> None:
         """Produce ``outputs`` with the core profile and wait for every ack (HTTP routes)."""
         await self.producer.send_batch([self.outbound(o) for o in outputs])
+
+    async def _on_assigned(self, app: Any, assigned: set[Any], **_: Any) -> None:
+        """faust's ``on_partitions_assigned`` signal (the consumer runs): fetch in batches."""
+        internals.tune_fetches(
+            app, self.settings.kafka_fetch_min_bytes, self.settings.kafka_fetch_max_wait_ms
+        )
 
     async def _on_revoked(self, app: Any, revoked: set[Any], **_: Any) -> None:
         """faust's ``on_partitions_revoked`` signal: every agent finishes its batch and commits."""

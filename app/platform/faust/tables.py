@@ -106,7 +106,7 @@ class ModelTable(Generic[_M]):
             found, value = staged.lookup(self, key)
             if found:
                 return value  # type: ignore[return-value]
-        raw = self.table.get(key.encode())
+        raw = self.table.data.get(key.encode())  # the store: one lookup (the table's get makes two)
         return self.model.model_validate_json(raw) if raw else None
 
     def write(self, key: str, value: _M | None) -> Write:

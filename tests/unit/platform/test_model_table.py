@@ -27,11 +27,14 @@ class Item(BaseModel):
 
 
 class FakeStore:
-    """What ``write_durably`` uses of a faust store: ``apply_changelog_batch``."""
+    """What the tables use of a faust store: ``get`` and ``apply_changelog_batch``."""
 
     def __init__(self, raw: dict[bytes, bytes]) -> None:
         self.raw = raw
         self.persisted: dict[Any, int] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.raw.get(key)
 
     def apply_changelog_batch(self, batch: Any, to_key: Any, to_value: Any) -> None:
         for event in batch:
