@@ -14,7 +14,9 @@ and :class:`BatchAgent` takes it from there, in the order Kafka Streams commits 
    acks awaited once;
 4. **state**: the staged writes go to the tables' changelogs, acks awaited, then to the local
    stores (:func:`~app.platform.faust.tables.write_durably`); a refused write fails the batch;
-5. **commit**: one commit of ``{partition: last processed + 1}``.
+5. **commit**: one commit of ``{partition: last processed + 1}``, at most every commit interval
+   (offsets of quieter partitions are committed by the agent's watch; a revocation commits at
+   once).
 
 A batch whose outputs or writes cannot be made durable (the broker away) is processed again with
 backoff, its partitions still held; events of a partition revoked meanwhile are given up (their
