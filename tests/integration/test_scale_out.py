@@ -14,6 +14,7 @@ import asyncio
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,8 @@ class Traffic:
     attempts: list[int] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    #: Why attempts were sent again: the 503's reason, or the connection error.
+    refusals: Counter[str] = field(default_factory=Counter)
 
     @property
     def retried(self) -> int:
@@ -109,7 +112,7 @@ class Traffic:
         extra = sum(self.attempts) - len(self.attempts)
         return (
             f"requests={len(self.attempts)} retried={self.retried} extra_attempts={extra} "
-            f"max_latency_s={worst:.2f} failures={len(self.failures)}"
+            f"max_latency_s={worst:.2f} failures={len(self.failures)} refusals={dict(self.refusals)}"
         )
 
 
@@ -137,6 +140,7 @@ async def call_any_replica(
             status, answer = await asyncio.wait_for(stack.call(group, method, path, body, index=index), 30)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             last = f"{type(exc).__name__}: {exc}"
+            traffic.refusals[type(exc).__name__] += 1
         else:
             if status in ok:
                 traffic.attempts.append(attempt)
@@ -146,6 +150,8 @@ async def call_any_replica(
             if status != 503:
                 break
             delay = float(answer.get("retry_after_s", 1)) if isinstance(answer, dict) else 1.0
+            reason = answer.get("reason") or answer.get("error") if isinstance(answer, dict) else None
+            traffic.refusals[f"503 {reason}"] += 1
         if time.monotonic() - started > REQUEST_BUDGET_S:
             break
         await asyncio.sleep(delay)
