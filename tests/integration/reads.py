@@ -17,9 +17,25 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
-__all__ = ["committed", "end_offsets", "read_range", "read_to_sentinel", "wait_committed"]
+__all__ = [
+    "committed",
+    "end_offsets",
+    "group_offsets",
+    "read_range",
+    "read_to_sentinel",
+    "wait_committed",
+    "wait_quiescent",
+]
 
 
 def _consumer(bootstrap: str) -> Consumer:
@@ -33,22 +49,23 @@ def _consumer(bootstrap: str) -> Consumer:
     )
 
 
-def _partitions(consumer: Consumer, topic: str) -> list[int]:
-    return sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+def _partitions(admin: AdminClient, topic: str) -> list[int]:
+    return sorted(admin.list_topics(topic, timeout=10).topics[topic].partitions)
 
 
-def _watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
-    """``(first, end)`` offsets of a partition, asked again while its leader is still being elected
-    (a topic just created) or moving."""
-    deadline = time.monotonic() + timeout_s
+def _offsets(admin: AdminClient, topic: str, partitions: Iterable[int], spec: OffsetSpec) -> dict[int, int]:
+    """The first (``OffsetSpec.earliest()``) or end (``latest()``) offset of each partition, in
+    one request per leader; asked again while a leader is still being elected (a topic just
+    created) or moving."""
+    request = {TopicPartition(topic, p): spec for p in partitions}
+    deadline = time.monotonic() + 30
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            return int(low), int(high)
+            futures = admin.list_offsets(request, request_timeout=10)
+            return {tp.partition: int(future.result().offset) for tp, future in futures.items()}
         except KafkaException as exc:
-            if (
-                not exc.args[0].retriable() and exc.args[0].code() not in _NOT_YET
-            ) or time.monotonic() > deadline:
+            error = exc.args[0]
+            if (not error.retriable() and error.code() not in _NOT_YET) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
@@ -63,11 +80,8 @@ _NOT_YET = {
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     """The end offset (high watermark) of each partition of ``topic`` now."""
-    consumer = _consumer(bootstrap)
-    try:
-        return {p: _watermarks(consumer, topic, p)[1] for p in _partitions(consumer, topic)}
-    finally:
-        consumer.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return _offsets(admin, topic, _partitions(admin, topic), OffsetSpec.latest())
 
 
 class _Reader:
@@ -75,17 +89,18 @@ class _Reader:
 
     def __init__(self, bootstrap: str, topic: str, start: Mapping[int, int] | None) -> None:
         self.topic = topic
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.consumer = _consumer(bootstrap)
-        self.partitions = _partitions(self.consumer, topic)
-        firsts = {p: _watermarks(self.consumer, topic, p)[0] for p in self.partitions}
-        offsets = {p: (start or {}).get(p, firsts[p]) for p in self.partitions}
+        self.partitions = _partitions(self.admin, topic)
+        firsts = _offsets(self.admin, topic, self.partitions, OffsetSpec.earliest()) if not start else {}
+        offsets = {p: start[p] if start and p in start else firsts.get(p, 0) for p in self.partitions}
         self.consumer.assign([TopicPartition(topic, p, offsets[p]) for p in self.partitions])
         #: Offset each partition was last seen to end at (its EOF), or read up to.
         self.reached = dict(offsets)
         self.messages: list[Message] = []
 
     def ends_now(self) -> dict[int, int]:
-        return {p: _watermarks(self.consumer, self.topic, p)[1] for p in self.partitions}
+        return _offsets(self.admin, self.topic, self.partitions, OffsetSpec.latest())
 
     def read_to(self, ends: Mapping[int, int], deadline: float) -> None:
         """Read until every partition was read up to ``ends`` (AssertionError past ``deadline``)."""
@@ -188,3 +203,48 @@ def wait_committed(
         if time.monotonic() > deadline:
             raise AssertionError(f"{group} did not commit {dict(offsets)} on {topic}: {last}")
         time.sleep(0.2)
+
+
+def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """Every offset ``group`` has committed, by ``(topic, partition)``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = [ConsumerGroupTopicPartitions(group)]
+    answer = admin.list_consumer_group_offsets(request, request_timeout=10)[group].result(timeout=15)
+    return {(tp.topic, tp.partition): int(tp.offset) for tp in answer.topic_partitions if tp.offset >= 0}
+
+
+def wait_quiescent(bootstrap: str, groups: Iterable[str], timeout_s: float = 120.0) -> None:
+    """Wait until each of ``groups`` has committed the end offset of every partition it commits
+    on, twice in a row with the same end offsets: everything produced to their topics (their
+    own outputs included) is processed and nothing is on its way between them."""
+    groups = list(groups)
+    deadline = time.monotonic() + timeout_s
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    previous: dict[tuple[str, int], int] | None = None
+    last: Any = None
+    while True:
+        try:
+            commits = {group: group_offsets(bootstrap, group) for group in groups}
+            wanted: dict[str, set[int]] = {}
+            for offsets in commits.values():
+                for topic, partition in offsets:
+                    wanted.setdefault(topic, set()).add(partition)
+            ends: dict[tuple[str, int], int] = {
+                (topic, p): end
+                for topic, partitions in wanted.items()
+                for p, end in _offsets(admin, topic, partitions, OffsetSpec.latest()).items()
+            }
+            behind: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+            for group, offsets in commits.items():
+                for tp, offset in offsets.items():
+                    if offset < ends[tp]:
+                        behind.setdefault(group, {})[tp] = (offset, ends[tp])
+            last = behind
+            if not behind and ends == previous:
+                return
+            previous = ends if not behind else None
+        except KafkaException as exc:  # a coordinator loading or moving
+            last, previous = exc, None
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{groups} not caught up in {timeout_s:g}s: {last}")
+        time.sleep(0.5)
