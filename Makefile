@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install venv run lint typecheck contracts test unit integration bench clean
+.PHONY: help install venv run lint typecheck contracts test unit integration fuzz bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -31,14 +31,21 @@ contracts:  ## contract artefacts fresh and backward compatible with the merge b
 		$(PY) -m app contracts check --against "$$base"; \
 	else echo "not a git checkout: no ref to check contract compatibility against"; fi
 
-unit:  ## unit tests only
-	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+# Random order (pytest-randomly): modules, and the tests inside each, in a new order every run;
+# the seed is printed first and last. Replay an order with PYTEST_ARGS=--randomly-seed=N.
+unit:  ## unit tests only, in random order
+	$(PY) -m pytest tests/unit -q -p randomly $(PYTEST_ARGS)
 
-integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache)
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache), in random order
+	$(PY) -m pytest tests/integration -q -p randomly $(PYTEST_ARGS)
 
-test: install lint typecheck contracts  ## the full suite: lint, types, unit + integration on real servers
-	$(PY) -m pytest tests -q $(PYTEST_ARGS)
+test: install lint typecheck contracts  ## the full suite: lint, types, unit tests first, then integration on real servers
+	$(PY) -m pytest tests/unit -q -p randomly $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q -p randomly $(PYTEST_ARGS)
+
+fuzz:  ## exploratory API fuzzing (not in `make test`): a new seed each run, 10x the cases
+	AVCC_FUZZ_EXPLORE=1 AVCC_FUZZ_EXAMPLES_SCALE=$${AVCC_FUZZ_EXAMPLES_SCALE:-10} \
+		$(PY) -m pytest tests/integration/test_api_fuzz.py -q -p no:randomly --timeout 7200 $(PYTEST_ARGS)
 
 bench:  ## benchmarks (printed, never asserted)
 	$(PY) -m bench.playback --repeat 3

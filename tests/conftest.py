@@ -1,9 +1,10 @@
-"""Test-suite wide hooks: integration marking, CI detection."""
+"""Test-suite wide hooks: integration marking, CI detection, the random order's seed."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,3 +22,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _INTEGRATION_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.integration)
+
+
+def _seed_line(config: pytest.Config) -> str | None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is None or not config.pluginmanager.hasplugin("randomly"):
+        return None
+    return f"random order: --randomly-seed={seed} (replay this order with -p randomly --randomly-seed={seed})"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Print the random-order seed even under ``-q`` (pytest-randomly puts it in the header only)."""
+    line = _seed_line(session.config)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    line = _seed_line(config)
+    if line:
+        terminalreporter.write_line(line)

@@ -6,10 +6,18 @@ operations with hypothesis (what the document allows, or what it forbids), sends
 schemathesis: no 5xx, a documented status, the documented content type and body schema.
 Failures are collected per operation (not stopped at the first) and a :class:`FuzzSummary`
 counts calls and statuses.
+
+Reproducible: the cases come from a fixed seed (``AVCC_FUZZ_SEED``, default :data:`SEED`) and
+their number is the budget (``max_examples`` per operation); the time a run took is reported,
+never a reason to stop. ``make fuzz`` is the longer, exploratory run (not part of ``make test``):
+a new seed each run, printed with every summary line, so a failure it finds is replayed with
+``AVCC_FUZZ_SEED=<seed>``.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import time
 import traceback
 from collections import Counter
@@ -31,7 +39,24 @@ from schemathesis.specs.openapi.checks import (
 
 from app.platform.http.auth import sign_request
 
-__all__ = ["CHECKS", "FuzzSummary", "HmacAuth", "call_documented", "fuzz_worker"]
+__all__ = ["CHECKS", "SEED", "FuzzSummary", "HmacAuth", "call_documented", "fuzz_seed", "fuzz_worker"]
+
+#: The seed of ``make test``'s fuzz runs: the same cases every run. (Known finding, open in the
+#: product: ``AVCC_FUZZ_SEED=20261127`` makes the negative runs send the sink's
+#: ``GET /v1/playback/stats`` a query string over the 8190-byte request line aiohttp's parser
+#: allows; the HTTP server answers ``400 text/plain`` ("Got more than 8190 bytes when
+#: reading"), which no route documents: ST105 undocumented Content-Type.)
+SEED = 1
+
+
+def fuzz_seed() -> int:
+    """``AVCC_FUZZ_SEED`` if set; a fresh random seed with ``AVCC_FUZZ_EXPLORE=1``; else :data:`SEED`."""
+    if os.environ.get("AVCC_FUZZ_SEED"):
+        return int(os.environ["AVCC_FUZZ_SEED"])
+    if os.environ.get("AVCC_FUZZ_EXPLORE", "") in {"1", "true", "yes"}:
+        return random.SystemRandom().randrange(2**32)
+    return SEED
+
 
 #: What every answer must satisfy.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -59,6 +84,7 @@ class FuzzSummary:
 
     worker: str
     mode: str
+    seed: int = SEED
     operations: list[str] = field(default_factory=list)
     calls: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
@@ -80,7 +106,7 @@ class FuzzSummary:
         return (
             f"api fuzz {self.worker:<10} {self.mode:<8} operations={len(self.operations)} calls={self.calls} "
             f"v1_2xx={self.v1_accepted} 5xx_not_503={self.server_errors} failures={len(self.failures)} "
-            f"statuses=[{seen}] {self.seconds:.1f}s"
+            f"statuses=[{seen}] {self.seconds:.1f}s seed={self.seed}"
         )
 
 
@@ -90,22 +116,21 @@ def fuzz_worker(
     auth: HmacAuth | None,
     *,
     max_examples: int,
-    budget_s: float,
+    seed: int = SEED,
     mode: GenerationMode = GenerationMode.POSITIVE,
 ) -> FuzzSummary:
-    """Fuzz every operation of the worker at ``base_url`` (see the module docstring) with cases
-    that fit the document (``POSITIVE``) or break it (``NEGATIVE``)."""
+    """Fuzz every operation of the worker at ``base_url`` (see the module docstring) with
+    ``max_examples`` cases each, drawn from ``seed``, that fit the document (``POSITIVE``) or
+    break it (``NEGATIVE``)."""
     started = time.monotonic()
-    summary = FuzzSummary(worker, f"{'signed' if auth is not None else 'unsigned'}/{mode.value[:3]}")
+    summary = FuzzSummary(worker, f"{'signed' if auth is not None else 'unsigned'}/{mode.value[:3]}", seed)
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
     session = requests.Session()
     operations = [result.ok() for result in schema.get_all_operations()]
     summary.operations = [operation.label for operation in operations]
     for operation in operations:
-        if time.monotonic() - started > budget_s:
-            summary.failures.append(f"{operation.label}: not fuzzed, the {budget_s:g} s budget ran out")
-            continue
 
+        @hypothesis.seed(seed)
         @hypothesis.settings(
             max_examples=max_examples,
             deadline=None,

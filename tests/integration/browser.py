@@ -14,7 +14,16 @@ from typing import Any, Literal, NoReturn
 
 import pytest
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "chromium", "goto_past_refresh", "in_ci", "playwright"]
+__all__ = [
+    "CHROMIUM",
+    "CHROMIUM_ARGS",
+    "chromium",
+    "goto_past_refresh",
+    "in_ci",
+    "in_one_document",
+    "playwright",
+    "without_refresh",
+]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -55,8 +64,9 @@ def chromium() -> str:
 
 
 async def goto_past_refresh(page: Any, url: str, attempts: int = 3) -> None:
-    """``page.goto(url)`` from a page that refreshes itself (the lag page, every 5 s): a refresh
-    that starts at the same moment aborts the goto (``net::ERR_ABORTED``), so go again."""
+    """``page.goto(url)`` from a page that refreshes itself (the lag page, every lag interval:
+    1 s in these tests): a refresh that starts at the same moment aborts the goto
+    (``net::ERR_ABORTED``), so go again."""
     for attempt in range(attempts):
         try:
             await page.goto(url)
@@ -64,3 +74,32 @@ async def goto_past_refresh(page: Any, url: str, attempts: int = 3) -> None:
         except Exception as exc:
             if "ERR_ABORTED" not in str(exc) or attempt == attempts - 1:
                 raise
+
+
+async def in_one_document(page: Any, script: str, arg: Any = None, attempts: int = 20) -> Any:
+    """Evaluate ``script`` (a JS function of ``arg``) in the page: one JS task, so a page that
+    reloads itself (the lag page's meta refresh) cannot change between the reads it makes; a
+    reload that destroys the context during the call makes it run again in the new document."""
+    for attempt in range(attempts):
+        try:
+            await page.wait_for_load_state("load")
+            return await page.evaluate(script, arg)
+        except Exception as exc:
+            if "context was destroyed" not in str(exc) and "navigat" not in str(exc).lower():
+                raise
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def without_refresh(page: Any, pattern: str) -> None:
+    """Serve the pages matching ``pattern`` without their ``<meta http-equiv='refresh'>``, for a
+    test that clicks through one (a reload between the click and the check closes what the click
+    opened); the refresh itself is tested where it is the point."""
+
+    async def strip(route: Any) -> None:
+        response = await route.fetch()
+        body = (await response.text()).replace("http-equiv='refresh'", "data-refresh-removed")
+        await route.fulfill(response=response, body=body)
+
+    await page.route(pattern, strip)

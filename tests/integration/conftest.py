@@ -1,5 +1,19 @@
-"""Session-scoped real servers (Apache Kafka in KRaft mode, ClickHouse, ganache) started lazily on
-loopback."""
+"""Real servers (Apache Kafka in KRaft mode, ClickHouse, ganache) started lazily on loopback.
+
+Who owns what (so any module passes alone and in any order):
+
+* ``kafka_broker`` / ``broker``: one broker for the session, for modules that only create
+  uuid-named topics and groups on it; nobody stops or restarts it.
+* ``session_core_stack`` / ``core_stack``: code, review, chain and settlement workers on that
+  broker, shared by modules that only send them new applications and read their own records
+  (``test_lifecycle``, ``test_api_fuzz``, ``test_partner_client``); nobody stops, kills or
+  replays into it.
+* ``module_kafka``, ``module_kafka_cluster``, ``clickhouse_server``, ``evm_chain``: one per
+  module that asks, stopped at its end; a module may kill or restart its own.
+
+A session fixture is stopped right after the last test that uses it, not at the end of the
+session (:func:`pytest_runtest_teardown`).
+"""
 
 from __future__ import annotations
 
@@ -84,19 +98,20 @@ def kafka_broker(servers_dir: Path) -> Iterator[KafkaKRaftBroker]:
     broker = _launch(
         "kafka", lambda: KafkaKRaftBroker(servers_dir / "kafka", ensure_kafka_libs(), die_with_parent=True)
     )
+    _stop_after_last_user["kafka_broker"] = lambda: _shutdown("kafka", broker)
     yield broker
-    _shutdown("kafka", broker)
+    if broker.running:
+        _shutdown("kafka", broker)
 
 
-@pytest.fixture(scope="session")
-def clickhouse_server(servers_dir: Path) -> Iterator[ClickHouseServer]:
-    """A private ClickHouse 18.16 server running for the whole session."""
-    server = _launch(
-        "clickhouse",
-        lambda: ClickHouseServer(servers_dir / "clickhouse", die_with_parent=True),
-    )
+@pytest.fixture(scope="module")
+def clickhouse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseServer]:
+    """A private ClickHouse 18.16 server of the requesting module (which may stop and restart it)."""
+    root = tmp_path_factory.mktemp("clickhouse")
+    name = f"clickhouse ({root.name})"
+    server = _launch(name, lambda: ClickHouseServer(root, die_with_parent=True))
     yield server
-    _shutdown("clickhouse", server)
+    _shutdown(name, server)
 
 
 @dataclass(frozen=True)
@@ -108,25 +123,26 @@ class EvmChain:
     key_file: Path
 
 
-@pytest.fixture(scope="session")
-def evm_chain(servers_dir: Path) -> Iterator[EvmChain]:
-    """A ganache EVM node mining a block a second, like a real chain (transactions wait in its
-    mempool), with a persistent db (a restart keeps the chain) and one funded signing key."""
-    key_file = servers_dir / "ganache-signer.key"
+@pytest.fixture(scope="module")
+def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
+    """A ganache EVM node of the requesting module mining a block a second, like a real chain
+    (transactions wait in its mempool), with a persistent db (a restart keeps the chain) and one
+    funded signing key."""
+    root = tmp_path_factory.mktemp("ganache")
+    key_file = root / "ganache-signer.key"
     key = create_key_file(key_file)
+    name = f"ganache ({root.name})"
     node = _launch(
-        "ganache",
-        lambda: GanacheNode(
-            servers_dir / "ganache", funded_keys=[key], block_time_s=1.0, die_with_parent=True
-        ),
+        name,
+        lambda: GanacheNode(root / "node", funded_keys=[key], block_time_s=1.0, die_with_parent=True),
     )
     yield EvmChain(node, key, key_file)
-    _shutdown("ganache", node)
+    _shutdown(name, node)
 
 
 @pytest.fixture
 def broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
-    """The session's Kafka broker, revived if an earlier test stopped or killed it."""
+    """The session's Kafka broker (running: nothing stops it while a test still needs it)."""
     kafka_broker.start()
     return kafka_broker
 
@@ -177,7 +193,7 @@ def module_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
 
 @pytest.fixture
 def core_stack(session_core_stack: Stack) -> Stack:
-    """The session's core workers, each ready (earlier tests restart brokers and kill workers)."""
+    """The session's core workers, each ready (a worker the stall watchdog restarted is back)."""
     session_core_stack.wait_all_ready()
     return session_core_stack
 
@@ -194,5 +210,24 @@ def session_core_stack(
     stack = Stack(stack_broker.bootstrap, root, env={"AVCC_WORKER_STALL_S": "45"})
     stack.start(*CORE_GROUPS)
     stack.supervise()
+    _stop_after_last_user["session_core_stack"] = stack.stop_all
     yield stack
     stack.stop_all()
+
+
+#: Session fixtures to stop once no test left to run uses them: fixture name -> how to stop it.
+_stop_after_last_user: dict[str, Callable[[], None]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop a session fixture's servers after the last test that uses it (in the order this run
+    goes, random or not), so they do not take memory and CPU from the modules after it."""
+    yield
+    if not _stop_after_last_user:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if nextitem is not None else []
+    needed = {name for later_item in later for name in getattr(later_item, "fixturenames", ())}
+    for name in reversed([n for n in _stop_after_last_user if n not in needed]):  # stacks first
+        _stop_after_last_user.pop(name)()

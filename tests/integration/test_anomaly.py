@@ -23,6 +23,7 @@ from app.playback.anomaly.detector import AnomalyDetector
 from app.playback.anomaly.rules import ANOMALY_NAMESPACE
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
+from tests.integration.reads import end_offsets, wait_committed
 
 pytestmark = pytest.mark.integration
 
@@ -214,7 +215,8 @@ def test_window_state_restored_from_changelog_after_restart(
     first, found_first, thread = setup.detector("first")
     try:
         wait_for(lambda: first.processed >= setup.produced, 45, "phase 1 consumed")
-        time.sleep(1.0)  # a checkpoint (every 0.5 s) after the last event
+        # a checkpoint after the last event: snapshots acknowledged, then the offsets committed
+        wait_committed(setup.bootstrap, setup.group, setup.source, end_offsets(setup.bootstrap, setup.source))
     finally:
         first.stop()
         thread.join(30)

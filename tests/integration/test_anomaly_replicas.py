@@ -244,14 +244,16 @@ def runs(tmp_path: Path) -> Iterator[dict[int, tuple[set[Finding], list[int]]]]:
     yield {n: run(tmp_path / f"run-{n}", n) for n in (1, 2, 3)}
 
 
-def test_one_and_three_workers_find_the_same_anomalies(
+def test_one_two_and_three_workers_find_the_same_anomalies(
     runs: dict[int, tuple[set[Finding], list[int]]],
 ) -> None:
-    (one, one_shares), (three, three_shares) = runs[1], runs[3]
+    (one, one_shares), (two, two_shares), (three, three_shares) = runs[1], runs[2], runs[3]
     # every worker holds its share: 24 source + 12 partials partitions in all
     assert one_shares == [36]
+    assert sorted(two_shares) == [18, 18]
     assert sorted(three_shares) == [12, 12, 12]
-    assert one == three
+    assert one == two, sorted(one ^ two)
+    assert one == three, sorted(one ^ three)
     by_rule = {rule: (c, u, n, start, observed) for rule, c, u, n, start, observed in one}
     assert sorted(by_rule) == [
         "impossible_duration",

@@ -7,15 +7,15 @@ key holding every scope and unsigned, each with cases that fit the document and 
 (signed, the hook replaces broken signing headers; unsigned, they reach the server). Every answer
 must be documented (status, content type, body schema) and none may be a 5xx other than the
 documented 503. A summary line per worker and run goes to the terminal, past pytest's output
-capture.
+capture, with the seed the cases came from (fixed in ``make test``; see ``api_fuzz.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,20 +24,20 @@ from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 
 from app.servers.clickhouse import ClickHouseServer
-from tests.integration.api_fuzz import FuzzSummary, HmacAuth, call_documented, fuzz_worker
+from tests.integration.api_fuzz import FuzzSummary, HmacAuth, call_documented, fuzz_seed, fuzz_worker
 from tests.integration.stack import API_KEY, API_SECRET, Stack, application, wait_for
 
 pytestmark = [pytest.mark.timeout(1200)]
 
-#: (auth, cases per operation, generation mode) of each run against each worker.
+#: (auth, cases per operation, generation mode) of each run against each worker; the case
+#: counts are the budget (``make fuzz`` multiplies them by ``AVCC_FUZZ_EXAMPLES_SCALE``).
 RUNS = (
     (HmacAuth(API_KEY, API_SECRET), 40, GenerationMode.POSITIVE),
     (HmacAuth(API_KEY, API_SECRET), 40, GenerationMode.NEGATIVE),
     (None, 10, GenerationMode.POSITIVE),
     (None, 20, GenerationMode.NEGATIVE),  # malformed X-AVCC-* headers among others
 )
-#: Time allowed to each run before the rest of its operations are reported unfuzzed.
-BUDGET_S = 240.0
+EXAMPLES_SCALE = int(os.environ.get("AVCC_FUZZ_EXAMPLES_SCALE", "1"))
 #: The ``/v1/`` routes each worker must document.
 V1_ROUTES = {
     "code": {
@@ -55,15 +55,16 @@ PROBES = {"/health", "/ready", "/metrics", "/openapi.json"}
 RECORD = "/v1/avcc/records/{avcc_record_id}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def playback_workers(
-    stack_broker: Any, clickhouse_server: ClickHouseServer, tmp_path: Path
+    stack_broker: Any, clickhouse_server: ClickHouseServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    """A gateway, a sink (own consumer group, own ClickHouse database) and an ops worker."""
+    """A gateway, a sink (own consumer group, own ClickHouse database) and an ops worker, for the
+    module's three tests (none stops or kills them)."""
     unique = uuid.uuid4().hex[:10]
     database = clickhouse_server.url.rsplit("/", 1)[0] + f"/api_fuzz_{unique}"
     env = {"AVCC_CLICKHOUSE_URL": database, "AVCC_SINK_GROUP_ID": f"api-fuzz-sink-{unique}"}
-    stack = Stack(stack_broker.bootstrap, tmp_path / "playback", env=env)
+    stack = Stack(stack_broker.bootstrap, tmp_path_factory.mktemp("playback"), env=env)
     try:
         stack.start("gateway", "sink", "ops")
         yield stack
@@ -125,10 +126,13 @@ def test_no_route_answers_5xx_or_off_document(
     core_stack: Stack, playback_workers: Stack, request: pytest.FixtureRequest
 ) -> None:
     summaries: list[FuzzSummary] = []
+    seed = fuzz_seed()
     try:
         for group, url in _urls(core_stack, playback_workers).items():
             for auth, examples, mode in RUNS:
-                fuzzed = fuzz_worker(group, url, auth, max_examples=examples, budget_s=BUDGET_S, mode=mode)
+                fuzzed = fuzz_worker(
+                    group, url, auth, max_examples=examples * EXAMPLES_SCALE, seed=seed, mode=mode
+                )
                 summaries.append(fuzzed)
     finally:
         _report(request, summaries)

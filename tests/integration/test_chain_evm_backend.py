@@ -129,6 +129,20 @@ def _mined_nonce(chain: Chain) -> int:
     return int(str(rpc_call(chain.node.url, "eth_getTransactionCount", [address, "latest"])), 16)
 
 
+async def _until(condition: Any, what: str, timeout_s: float = 60.0) -> Any:
+    """Poll ``condition`` (the event loop running meanwhile) until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
+        await asyncio.sleep(0.05)
+    return value
+
+
+def _receipt_block(chain: Chain, tx_hash: str) -> int:
+    receipt: Any = rpc_call(chain.node.url, "eth_getTransactionReceipt", [tx_hash])
+    return int(receipt["blockNumber"], 16)
+
+
 def _pending_nonce(chain: Chain) -> int:
     address = Account.from_key(chain.key).address
     return int(str(rpc_call(chain.node.url, "eth_getTransactionCount", [address, "pending"])), 16)
@@ -160,9 +174,13 @@ async def test_a_transaction_not_mined_in_time_is_replaced_and_registered_once(
     rpc_call(chain.node.url, "miner_stop")
     try:
         submitting = asyncio.create_task(backend.submit(tx))
-        await asyncio.sleep(2.0)
-        versions = backend.in_flight(tx.idempotency_key)
-        assert versions is not None and len(versions.hashes) >= 2, "no replacement was sent"
+
+        def replaced() -> SentTx | None:
+            assert not submitting.done(), "completed with the miner stopped"
+            versions = backend.in_flight(tx.idempotency_key)
+            return versions if versions is not None and len(versions.hashes) >= 2 else None
+
+        versions = await _until(replaced, "a replacement sent")
         assert not submitting.done()
         rpc_call(chain.node.url, "miner_start")
         receipt = await asyncio.wait_for(submitting, 30)
@@ -232,16 +250,40 @@ async def test_a_nonce_gap_is_filled_so_the_transactions_behind_it_are_mined(
     assert _mined_nonce(chain) == gap + 2, "the gap was not filled by exactly one transaction"
 
 
+class _WatchedBackend(EvmBackend):
+    """An :class:`EvmBackend` that records each chain head it decided to wait beyond while
+    counting confirmations: the observable point where it must not have confirmed yet."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.confirming = False
+        self.waited_beyond: list[int] = []
+
+    async def _await_confirmations(self, height: int) -> None:
+        self.confirming = True
+        await super()._await_confirmations(height)
+
+    async def _head_after(self, seen: int, until: float) -> int:
+        if self.confirming:
+            self.waited_beyond.append(seen)
+        return await super()._head_after(seen, until)
+
+
 async def test_confirmed_only_after_the_configured_confirmations(chain: Chain, journal: Path) -> None:
     tx = _work(_record_id())
-    backend = _backend(chain, journal, confirmations=3)
+    backend = _WatchedBackend(
+        chain.node.url, chain.address, chain.key, TxJournal(journal), poll_s=0.05, confirmations=3
+    )
     try:
         submitting = asyncio.create_task(backend.submit(tx))
-        await asyncio.sleep(1.5)
-        assert chain.registrations(tx.avcc_record_id), "not mined"
+        mined = await _until(lambda: chain.registrations(tx.avcc_record_id), "mined")
+        assert mined, "not mined"
+        height = _receipt_block(chain, mined[0])
+        # it saw the block it was mined in and went on waiting: not confirmed with one block
+        await _until(lambda: height in backend.waited_beyond, "the backend waiting beyond its block")
         assert not submitting.done(), "confirmed with a single block"
         rpc_call(chain.node.url, "evm_mine")
-        await asyncio.sleep(0.5)
+        await _until(lambda: height + 1 in backend.waited_beyond, "the backend waiting beyond one more")
         assert not submitting.done(), "confirmed with two blocks"
         rpc_call(chain.node.url, "evm_mine")
         receipt = await asyncio.wait_for(submitting, 10)

@@ -18,12 +18,31 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
 from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
-from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, playwright
+from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, in_one_document, playwright
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+
+
+#: What the test reads of the lag page, all at once: the group's partition rows (status, lag),
+#: whether the alert is shown, the first STOP badge's colour and the group's summary row.
+SNAPSHOT = """
+g => {
+  const rows = [...document.querySelectorAll('#lag tbody tr')].filter(r => r.cells[0].textContent === g);
+  const alert = document.querySelector("div.alert[data-rule='UiApplyLag']");
+  const badge = rows.length ? rows[0].querySelector('span.s') : null;
+  const summary = document.querySelector(`#groups tr[data-group='${g}']`);
+  return {
+    rows: rows.map(r => [r.dataset.status, r.cells[5].textContent]),
+    alert_visible: alert !== null && alert.checkVisibility(),
+    colour: badge === null ? null : getComputedStyle(badge).backgroundColor,
+    summary_status: summary === null ? null : summary.dataset.status,
+    summary_lag: summary === null ? null : summary.cells[2].innerText,
+  };
+}
+"""
 
 
 def _status(url: str) -> int:
@@ -95,25 +114,23 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
                 page = await browser.new_page(
                     http_credentials={"username": "lag-ui", "password": "lag-ui-pass"}
                 )
-                rows = page.locator(f"#lag tbody tr:has(td:text-is('{group}'))")
-                deadline = time.monotonic() + 30
-                while await rows.count() != 6:
-                    assert time.monotonic() < deadline, worker.log_tail()
+                # Every read of the page in one JS task of one document (it reloads every second).
+                snapshot: dict = {"rows": []}
+                deadline = time.monotonic() + 60
+                while len(snapshot["rows"]) != 6:
+                    assert time.monotonic() < deadline, (snapshot, worker.log_tail())
                     await goto_past_refresh(page, f"{base}/lag")
-                    await page.wait_for_timeout(500)
+                    snapshot = await in_one_document(page, SNAPSHOT, group)
+                    if len(snapshot["rows"]) != 6:
+                        await page.wait_for_timeout(500)
                 # Nobody consumes: every partition is lag, the group is STOPped, the alert is shown.
-                assert await page.locator("div.alert[data-rule='UiApplyLag']").is_visible()
-                for i in range(6):
-                    assert await rows.nth(i).get_attribute("data-status") == "STOP"
-                badge = rows.first.locator("span.s")
-                colour = await badge.evaluate("el => getComputedStyle(el).backgroundColor")
-                assert colour == "rgb(130, 80, 223)"  # STOP is purple
-                # the partitions are folded under the group rows: read their text, not what is shown
-                lags = [int(await rows.nth(i).locator("td").nth(5).text_content() or "") for i in range(6)]
-                assert sum(lags) == 1500
-                summary = page.locator(f"#groups tr[data-group='{group}']")
-                assert await summary.get_attribute("data-status") == "STOP"
-                assert int(await summary.locator("td").nth(2).inner_text()) == 1500
+                assert snapshot["alert_visible"], snapshot
+                assert [status for status, _lag in snapshot["rows"]] == ["STOP"] * 6, snapshot
+                assert snapshot["colour"] == "rgb(130, 80, 223)"  # STOP is purple
+                # the partitions are folded under the group rows: their text, not what is shown
+                assert sum(int(lag) for _status, lag in snapshot["rows"]) == 1500
+                assert snapshot["summary_status"] == "STOP"
+                assert int(snapshot["summary_lag"]) == 1500
 
                 consumer = Consumer(
                     {

@@ -1,5 +1,11 @@
-"""The README's run command: `avcc dev` brings up every group on the embedded defaults, works,
-and stops without leaving a process behind."""
+"""The README's run command and quick start: `avcc dev` brings up every group on the embedded
+defaults, works, answers the quick start's commands as written, and stops without leaving a
+process behind.
+
+One `avcc dev` serves the module (started with the quick start's first line, run literally);
+stopping it cleanly is checked when the module ends (a failure there is reported as an error in
+the teardown of the module's last test).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import base64
 import hashlib
 import ipaddress
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,15 +21,20 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pytest
 
 from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
 from app.servers.process import free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -126,7 +138,36 @@ def _application(title: str) -> bytes:
     )
 
 
-def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
+@dataclass
+class DevStack:
+    """The module's running `avcc dev`: its process, ports, environment and log."""
+
+    process: subprocess.Popen[bytes]
+    base: int
+    broker_port: int
+    env: dict[str, str]
+    cwd: Path
+    log: Path
+
+
+def quickstart_commands(readme: str) -> list[str]:
+    """The command lines of the README's ``## Quick start`` bash block (comment lines left out)."""
+    section = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert found, "the Quick start section has no bash block"
+    return [
+        line for line in found.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+@pytest.fixture(scope="module")
+def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """`avcc dev` as the quick start's first line says, with free ports, a temporary data dir,
+    this checkout on the path and a playback partner's key beside the dev key; stopped at the
+    end of the module, where it must exit 0 and leave no process behind."""
+    commands = quickstart_commands((ROOT / "README.md").read_text())
+    assert commands[0].split("#")[0].split() == ["avcc", "dev"], commands
+    cwd = tmp_path_factory.mktemp("dev-stack")
     base = free_port_block(g.port_offset for g in GROUPS)
     broker_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
@@ -134,57 +175,100 @@ def test_avcc_dev_runs_every_group_and_stops_cleanly(tmp_path: Path) -> None:
         {
             "AVCC_KAFKA_URL": f"kafka://127.0.0.1:{broker_port}",
             "AVCC_WEB_PORT": str(base),
-            "AVCC_DATA_DIR": str(tmp_path / "var"),
+            "AVCC_DATA_DIR": str(cwd / "var"),
             # a playback partner's key beside the dev key: it may only post and read playback
             "AVCC_HMAC_KEYS": orjson.dumps(
                 {PARTNER: {"secret": PARTNER_SECRET, "scopes": PARTNER_SCOPES}}
             ).decode(),
+            "PYTHONPATH": str(ROOT),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         }
     )
+    log = cwd / "dev.log"
     dev = subprocess.Popen(
-        [sys.executable, "-m", "app", "dev"],
-        cwd=ROOT,
+        ["bash", "-c", f"exec {commands[0]}"],
+        cwd=cwd,
         env=env,
-        stdout=(tmp_path / "dev.log").open("wb"),
+        stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:
-        _wait_ready(dev, {g.name: base + g.port_offset for g in GROUPS}, 240, tmp_path / "dev.log")
-        assert "dev-secret" in (tmp_path / "dev.log").read_text(), "the dev key must be announced loudly"
-
-        stack = _descendants(dev.pid) | {dev.pid}
-        sockets = _listening(stack)
-        ports = {port for _, port in sockets}
-        assert {base + g.port_offset for g in GROUPS} | {broker_port} <= ports, sockets
-        exposed = {(ip, port) for ip, port in sockets if not _loopback(ip)}
-        assert not exposed, f"the dev stack listens beyond loopback: {sorted(exposed)}"
-        for group in GROUPS:  # faust's own table/router views answer without any login: gone
-            for page in ("/router/", "/table/records/1/", "/table/claims/x/"):
-                assert _get(f"http://127.0.0.1:{base + group.port_offset}{page}")[0] in (401, 404)
-
-        body = _application("dev stack")
-        path = "/v1/avcc/applications"
-        code_url = f"http://127.0.0.1:{base + 1}"
-        status, answer = _post(code_url + path, body, sign_request("POST", path, body, "dev", "dev-secret"))
-        assert status == 202, answer
-        record_path = f"/v1/avcc/records/{orjson.loads(answer)['avcc_record_id']}"
-        for _ in range(120):
-            status, raw = _get(
-                code_url + record_path, sign_request("GET", record_path, b"", "dev", "dev-secret")
-            )
-            if status == 200 and orjson.loads(raw).get("avcc_code"):
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"no code issued in the dev stack: {status} {raw!r}")
-        assert _get(f"http://127.0.0.1:{base}/dlq")[0] == 401
-        _check_operator_pages(base, orjson.loads(raw)["avcc_record_id"])
-        _check_partner_scopes(base, record_path, body)
+        _wait_ready(dev, {g.name: base + g.port_offset for g in GROUPS}, 240, log)
+        yield DevStack(dev, base, broker_port, env, cwd, log)
     finally:
         children = terminate(dev)
-    assert dev.returncode == 0
+    assert dev.returncode == 0, log.read_text()[-3000:]
     assert_none_left(children)
+
+
+def test_avcc_dev_runs_every_group(dev_stack: DevStack) -> None:
+    dev, base, broker_port, log = dev_stack.process, dev_stack.base, dev_stack.broker_port, dev_stack.log
+    assert "dev-secret" in log.read_text(), "the dev key must be announced loudly"
+
+    stack = _descendants(dev.pid) | {dev.pid}
+    sockets = _listening(stack)
+    ports = {port for _, port in sockets}
+    assert {base + g.port_offset for g in GROUPS} | {broker_port} <= ports, sockets
+    exposed = {(ip, port) for ip, port in sockets if not _loopback(ip)}
+    assert not exposed, f"the dev stack listens beyond loopback: {sorted(exposed)}"
+    for group in GROUPS:  # faust's own table/router views answer without any login: gone
+        for page in ("/router/", "/table/records/1/", "/table/claims/x/"):
+            assert _get(f"http://127.0.0.1:{base + group.port_offset}{page}")[0] in (401, 404)
+
+    body = _application("dev stack")
+    path = "/v1/avcc/applications"
+    code_url = f"http://127.0.0.1:{base + 1}"
+    status, answer = _post(code_url + path, body, sign_request("POST", path, body, "dev", "dev-secret"))
+    assert status == 202, answer
+    record_path = f"/v1/avcc/records/{orjson.loads(answer)['avcc_record_id']}"
+    deadline = time.monotonic() + 120
+    while True:
+        status, raw = _get(code_url + record_path, sign_request("GET", record_path, b"", "dev", "dev-secret"))
+        if status == 200 and orjson.loads(raw).get("avcc_code"):
+            break
+        assert time.monotonic() < deadline, f"no code issued in the dev stack: {status} {raw!r}"
+        time.sleep(0.5)
+    assert _get(f"http://127.0.0.1:{base}/dlq")[0] == 401
+    _check_operator_pages(base, orjson.loads(raw)["avcc_record_id"])
+    _check_partner_scopes(base, record_path, body)
+
+
+MARKER = "@@@quickstart"
+
+
+def test_readme_quickstart_commands_work_as_written(dev_stack: DevStack) -> None:
+    """The README's quick start, run literally: its commands are read from README.md, not copied
+    here. ``avcc dev`` (its "terminal 1") is the module's stack; the others run in one bash
+    session, as typed into "terminal 2", with a marker after each so every answer is checked on
+    its own. Only the environment differs from a fresh shell: free ports (``AVCC_WEB_PORT``,
+    ``AVCC_KAFKA_URL``), a temporary data dir and this checkout on the path."""
+    session = quickstart_commands((ROOT / "README.md").read_text())[1:]
+    assert len(session) == 5, f"the checks below follow the README's five commands: {session}"
+    script = "set -euo pipefail\n" + "".join(
+        f"{command}\nprintf '\\n{MARKER} {i}\\n'\n" for i, command in enumerate(session)
+    )
+    run = subprocess.run(
+        ["bash", "-c", script],
+        cwd=dev_stack.cwd,
+        env=dev_stack.env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{dev_stack.log.read_text()[-3000:]}"
+    answers = [part.strip() for part in re.split(rf"\n?{MARKER} \d+\n", run.stdout)][: len(session)]
+
+    assert answers[0] == ""  # PORT=...
+    ready = orjson.loads(answers[1])
+    assert ready["group"] == "code" and ready["status"] == "ready", ready
+    applied = re.fullmatch(r"record (\d+)", answers[2])
+    assert applied, answers[2]
+    record = orjson.loads(answers[3])
+    assert record["avcc_record_id"] == int(applied.group(1))
+    assert record["status"] == "issued" and re.fullmatch(r"MA\.156\.\d+\.\d+/\S+", record["avcc_code"])
+    assert [h["status"] for h in record["history"]][-1] == "issued", record["history"]
+    assert answers[4] == "<h1>Pipeline overview</h1>"
 
 
 def terminate(dev: subprocess.Popen[bytes]) -> set[int]:

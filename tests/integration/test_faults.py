@@ -17,6 +17,7 @@ and every applied event to ``<out>/events.jsonl``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -40,17 +41,19 @@ from app.platform.topics import DLQ, RETRY
 from schemas.apply import AiToolInfo, ApplyCreated
 from schemas.envelope import encode_event, make_envelope
 from schemas.system import FailureMetadata
+from tests.integration.reads import end_offsets, read_range, read_to_sentinel, wait_committed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKOFF_S = (0.2, 0.4, 0.8)
 TOPIC_DELAY_S = 2.0
-#: How much later than its delay a retry-topic redelivery may be handled: the forwarder and the
-#: worker both sat idle through the delay, so each may be in a fetch waiting for data (up to its
-#: 500 ms fetch wait), plus scheduling on a loaded 2-core box
-#: (seen: 3.007 s for a 2 s delay in a CI run that took 1.5x its usual time).
-REDELIVERY_SLACK_S = 1.5
+#: How much earlier than its delay a measured gap may end: asyncio wakes a sleep up to one clock
+#: resolution early, and a header's not-before is in whole milliseconds. Gaps have no upper bound
+#: (a loaded box may take any time); how long the test waits for the events is its deadline.
+CLOCK_SLACK_S = 0.005
+#: How long a test waits for the worker to get somewhere (its start included, for the first test).
+DEADLINE_S = 90.0
 PARTITIONS = 3
 
 WORKER_SOURCE = r'''
@@ -101,7 +104,7 @@ applied: set[str] = set()
 
 
 def record(kind: str, **fields: object) -> None:
-    line = orjson.dumps({"kind": kind, "t": time.time(), **fields}) + b"\n"
+    line = orjson.dumps({"kind": kind, "t": time.monotonic(), **fields}) + b"\n"
     with open(OUT / "events.jsonl", "ab") as f:
         f.write(line)
 
@@ -187,8 +190,9 @@ Headers = list[tuple[str, bytes]]
 
 def produce(
     bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes, Headers, int | None]]
-) -> None:
-    """Produce in order (idempotent producer, acks=all) and wait for every ack."""
+) -> list[tuple[int, int]]:
+    """Produce in order (idempotent producer, acks=all) and wait for every ack; the
+    ``(partition, offset)`` each message was stored at."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -198,18 +202,23 @@ def produce(
         }
     )
     errors: list[str] = []
+    stored: list[tuple[int, int]] = [(-1, -1)] * len(messages)
 
-    def on_delivery(err: Any, msg: Any) -> None:
+    def on_delivery(index: int, err: Any, msg: Any) -> None:
         if err is not None:
             errors.append(str(err))
+        else:
+            stored[index] = (msg.partition(), msg.offset())
 
-    for key, value, headers, partition in messages:
-        kwargs: dict[str, Any] = {"headers": headers, "on_delivery": on_delivery}
+    for index, (key, value, headers, partition) in enumerate(messages):
+        callback = functools.partial(on_delivery, index)
+        kwargs: dict[str, Any] = {"headers": headers, "on_delivery": callback}
         if partition is not None:
             kwargs["partition"] = partition
         producer.produce(topic, value, key, **kwargs)
     assert producer.flush(30) == 0
     assert not errors, errors
+    return stored
 
 
 @dataclass
@@ -412,93 +421,132 @@ class FaultsWorker:
             time.sleep(0.1)
 
 
-@pytest.fixture
-def worker_factory(broker: Any, tmp_path: Path, unique: str) -> Iterator[Callable[..., FaultsWorker]]:
-    started: list[FaultsWorker] = []
-
-    def make(console: bool = False, **env: str) -> FaultsWorker:
-        w = FaultsWorker(
-            broker.bootstrap, tmp_path / f"w{len(started)}", unique, console=console, env_extra=env
-        )
-        plan_topics(broker.bootstrap, (w.topic, PARTITIONS))
-        started.append(w)
-        return w
-
-    yield make
-    for w in started:
-        w.stop()
+@pytest.fixture(scope="module")
+def worker(module_kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultsWorker]:
+    """The module's one fault-injection worker, on the module's own broker: each test produces
+    events with fresh ids to its topic and reads what followed from its own starting offsets."""
+    w = FaultsWorker(module_kafka.bootstrap, tmp_path_factory.mktemp("faults-worker"), uuid.uuid4().hex[:12])
+    plan_topics(module_kafka.bootstrap, (w.topic, PARTITIONS))
+    w.start()
+    yield w
+    w.stop()
 
 
-def dlq_of(
-    bootstrap: str, topic: str, expected: int, *, settle_s: float = 2.0, timeout_s: float = 40
-) -> list[Record]:
-    return read_topic(
+def _record(msg: Any) -> Record:
+    header_list = [(k, bytes(v or b"")) for k, v in (msg.headers() or [])]
+    return Record(
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        msg.key(),
+        msg.value() or b"",
+        dict(header_list),
+        header_list,
+        msg.timestamp()[1],
+    )
+
+
+@dataclass(frozen=True)
+class Since:
+    """Where a test starts: the retry and DLQ topics' end offsets and the worker's event log."""
+
+    dlq: dict[int, int]
+    retry: dict[int, int]
+    events: int
+
+    @classmethod
+    def now(cls, bootstrap: str, w: FaultsWorker) -> Since:
+        return cls(end_offsets(bootstrap, DLQ.name), end_offsets(bootstrap, RETRY.name), len(w.events()))
+
+
+def events_since(w: FaultsWorker, since: Since, kind: str) -> list[dict[str, Any]]:
+    return [r for r in w.events()[since.events :] if r["kind"] == kind]
+
+
+def wait_dead_letter(bootstrap: str, since: Since, event_id: str) -> None:
+    """Wait until ``event_id`` has a dead letter (after ``since``)."""
+    read_to_sentinel(
         bootstrap,
         DLQ.name,
-        lambda r: r.header("avcc-original-topic") == topic,
-        expected=expected,
-        settle_s=settle_s,
-        timeout_s=timeout_s,
+        lambda m: header_value(m.headers(), "avcc-event-id") == event_id.encode(),
+        start=since.dlq,
+        timeout_s=DEADLINE_S,
     )
 
 
-def retry_of(bootstrap: str, topic: str, expected: int, *, settle_s: float = 0.5) -> list[Record]:
-    return read_topic(
+def header_value(headers: Any, name: str) -> bytes | None:
+    return next((bytes(v or b"") for k, v in headers or [] if k == name), None)
+
+
+def after_sentinels(bootstrap: str, w: FaultsWorker, since: Since) -> tuple[list[Record], list[Record]]:
+    """Everything the worker sent to the DLQ and the retry topic for the test's topic since
+    ``since``, read to a sentinel: one undecodable message per partition, produced now. The DLQ
+    is read until their dead letters arrive (every partition processed past the test's events),
+    the worker's commit past them is awaited (it commits only once a batch's outputs are
+    acknowledged), then both topics are read to their end. Sentinels are left out."""
+    token = uuid.uuid4().hex.encode()
+    values = {b"sentinel-" + token + b"-%d" % p for p in range(PARTITIONS)}
+    stored = produce(
         bootstrap,
-        RETRY.name,
-        lambda r: r.header("avcc-original-topic") == topic,
-        expected=expected,
-        settle_s=settle_s,
-        timeout_s=20,
+        w.topic,
+        [(b"sentinel-%d" % p, b"sentinel-" + token + b"-%d" % p, [], p) for p in range(PARTITIONS)],
     )
+    read_to_sentinel(
+        bootstrap,
+        DLQ.name,
+        lambda m: m.value() in values,
+        sentinels=PARTITIONS,
+        start=since.dlq,
+        timeout_s=DEADLINE_S,
+    )
+    wait_committed(bootstrap, w.app_id, w.topic, {p: o + 1 for p, o in stored}, timeout_s=DEADLINE_S)
 
+    def mine(topic: str, start: dict[int, int]) -> list[Record]:
+        records = [_record(m) for m in read_range(bootstrap, topic, start=start)]
+        return [r for r in records if r.header("avcc-original-topic") == w.topic and r.value not in values]
 
-def within(actual: float, expected: float, tolerance: float = 0.5) -> bool:
-    return expected * (1 - tolerance) <= actual <= expected * (1 + tolerance)
+    return mine(DLQ.name, since.dlq), mine(RETRY.name, since.retry)
 
 
 # -- tests ---------------------------------------------------------------------------------------
 
 
 def test_transient_failures_are_retried_in_process_and_processed_once(
-    broker: Any, worker_factory: Callable[..., FaultsWorker]
+    module_kafka: Any, worker: FaultsWorker
 ) -> None:
-    w = worker_factory()
+    w, bootstrap = worker, module_kafka.bootstrap
+    since = Since.now(bootstrap, w)
     flaky_id, key, value = apply_event(7001, "fail2-flaky")
     ok_id, ok_key, ok_value = apply_event(7002, "ok-plain")
-    produce(
-        broker.bootstrap, w.topic, [(key, value, [("trace-id", b"t1")], None), (ok_key, ok_value, [], None)]
-    )
-    started = time.monotonic()
-    w.start()
-    w.wait_for(lambda: {flaky_id, ok_id} <= set(w.applied_ids()), 50, "both events applied")
-    assert time.monotonic() - started < 50
-    time.sleep(1.0)
+    produce(bootstrap, w.topic, [(key, value, [("trace-id", b"t1")], None), (ok_key, ok_value, [], None)])
+    w.wait_for(lambda: {flaky_id, ok_id} <= set(w.applied_ids()), DEADLINE_S, "both events applied")
+    dead, retried = after_sentinels(bootstrap, w, since)
+    assert dead == [] and retried == []  # in process only: neither the retry topic nor the DLQ
     assert w.applied_ids().count(flaky_id) == 1
     assert w.applied_ids().count(ok_id) == 1
     attempts = [r for r in w.events("attempt") if r["event_id"] == flaky_id]
     assert [r["n"] for r in attempts] == [1, 2, 3]
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(attempts)]
-    assert within(gaps[0], BACKOFF_S[0]) and within(gaps[1], BACKOFF_S[1]), gaps
-    assert dlq_of(broker.bootstrap, w.topic, 0, settle_s=1.0, timeout_s=5) == []
-    assert retry_of(broker.bootstrap, w.topic, 0) == []
+    # never before its backoff
+    assert gaps[0] >= BACKOFF_S[0] - CLOCK_SLACK_S and gaps[1] >= BACKOFF_S[1] - CLOCK_SLACK_S, gaps
 
 
 def test_permanent_failure_backs_off_goes_through_retry_topic_then_one_dlq_message(
-    broker: Any, worker_factory: Callable[..., FaultsWorker]
+    module_kafka: Any, worker: FaultsWorker
 ) -> None:
-    w = worker_factory()
+    w, bootstrap = worker, module_kafka.bootstrap
+    since = Since.now(bootstrap, w)
     event_id, key, value = apply_event(7101, "always-down")
-    produce(broker.bootstrap, w.topic, [(key, value, [("trace-id", b"t-always")], None)])
-    w.start()
-    [dead] = dlq_of(broker.bootstrap, w.topic, 1, settle_s=3.0, timeout_s=50)
+    [(partition, offset)] = produce(bootstrap, w.topic, [(key, value, [("trace-id", b"t-always")], None)])
+    wait_dead_letter(bootstrap, since, event_id)
+    [dead], [retried] = after_sentinels(bootstrap, w, since)
     # full metadata, original key/value/headers
     meta = FailureMetadata.from_headers(dead.header_list)
     assert dead.key == key and dead.value == value
     assert dead.header("trace-id") == "t-always"
     assert meta.original_topic == w.topic
-    assert meta.original_partition == partition_for(key, PARTITIONS)
-    assert meta.original_offset == 0
+    assert meta.original_partition == partition_for(key, PARTITIONS) == partition
+    assert meta.original_offset == offset
     assert meta.consumer_group == w.group
     assert meta.event_id == event_id
     assert meta.error_class == "app.platform.errors.DependencyTimeout"
@@ -511,31 +559,32 @@ def test_permanent_failure_backs_off_goes_through_retry_topic_then_one_dlq_messa
     assert "avcc-target-group" not in dead.headers and "avcc-retry-round" not in dead.headers
 
     # exactly one retry-topic round, meant for this group, delayed by the configured delay
-    [retried] = retry_of(broker.bootstrap, w.topic, 1)
     assert retried.header("avcc-target-group") == w.group
     assert retried.header("avcc-retry-round") == "1"
     assert retried.header("avcc-parked") == "0"
     assert retried.key == key and retried.value == value and retried.header("trace-id") == "t-always"
     retry_meta = FailureMetadata.from_headers(retried.header_list)
     assert retry_meta.not_before_ms is not None
-    assert within((retry_meta.not_before_ms - retry_meta.last_failure_ms) / 1000, TOPIC_DELAY_S, 0.05)
+    # the header's not-before is computed (two clock reads apart): the delay after the last failure
+    delay_ms = retry_meta.not_before_ms - retry_meta.last_failure_ms
+    assert TOPIC_DELAY_S * 950 <= delay_ms <= TOPIC_DELAY_S * 1050, delay_ms
 
-    # the measured schedule: backoff, retry-topic delay, backoff again
+    # the measured schedule: backoff, retry-topic delay, backoff again, never before its delay
     attempts = [r for r in w.events("attempt") if r["event_id"] == event_id]
     assert [r["n"] for r in attempts] == list(range(1, 2 * per_round + 1))
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(attempts)]
     backoffs = [*gaps[: len(BACKOFF_S)], *gaps[len(BACKOFF_S) + 1 :]]
-    assert all(within(g, e) for g, e in zip(backoffs, [*BACKOFF_S, *BACKOFF_S], strict=True)), gaps
-    # never before its delay (the header's not-before, in whole ms), and not much later
+    assert all(g >= e - CLOCK_SLACK_S for g, e in zip(backoffs, [*BACKOFF_S, *BACKOFF_S], strict=True)), gaps
     redelivered = gaps[len(BACKOFF_S)]
-    assert TOPIC_DELAY_S - 0.002 <= redelivered <= TOPIC_DELAY_S + REDELIVERY_SLACK_S, gaps
-    assert w.applied_ids() == []
+    assert redelivered >= TOPIC_DELAY_S - CLOCK_SLACK_S, gaps
+    assert event_id not in w.applied_ids()
 
 
 def test_poison_and_schema_invalid_messages_go_to_dlq_without_stalling_the_partition(
-    broker: Any, worker_factory: Callable[..., FaultsWorker]
+    module_kafka: Any, worker: FaultsWorker
 ) -> None:
-    w = worker_factory()
+    w, bootstrap = worker, module_kafka.bootstrap
+    since = Since.now(bootstrap, w)
     valid = [apply_event(7200 + i, f"ok-{i}") for i in range(4)]
     bad_schema = orjson.loads(valid[0][2])
     bad_schema["event_id"] = str(uuid.uuid4())
@@ -549,12 +598,12 @@ def test_poison_and_schema_invalid_messages_go_to_dlq_without_stalling_the_parti
             messages.append(
                 (b"poison-%d" % i if i != 1 else record_key(7299), poison[i], [("n", b"%d" % i)], 0)
             )
-    produce(broker.bootstrap, w.topic, messages)
-    w.start()
+    produce(bootstrap, w.topic, messages)
     valid_ids = [eid for eid, _k, _v in valid]
-    w.wait_for(lambda: set(valid_ids) <= set(w.applied_ids()), 50, "all valid events applied")
-    assert w.applied_ids() == valid_ids  # in partition order, none lost
-    dead = dlq_of(broker.bootstrap, w.topic, 3)
+    w.wait_for(lambda: set(valid_ids) <= set(w.applied_ids()), DEADLINE_S, "all valid events applied")
+    dead, retried = after_sentinels(bootstrap, w, since)
+    # in partition order, none lost, none twice, nothing else
+    assert [r["event_id"] for r in events_since(w, since, "applied")] == valid_ids
     assert len(dead) == 3
     by_value = {d.value: d for d in dead}
     assert set(by_value) == set(poison)
@@ -574,15 +623,16 @@ def test_poison_and_schema_invalid_messages_go_to_dlq_without_stalling_the_parti
         assert by_value[raw].header("n") is not None
     schema_meta = FailureMetadata.from_headers(by_value[poison[1]].header_list)
     assert "payload.priority" in schema_meta.error_message
-    assert retry_of(broker.bootstrap, w.topic, 0) == []
+    assert retried == []
     # every bad message was tried exactly once (no handler attempts at all: decoding failed)
-    assert {r["event_id"] for r in w.events("attempt")} == set(valid_ids)
+    assert {r["event_id"] for r in events_since(w, since, "attempt")} == set(valid_ids)
 
 
 def test_later_events_of_a_key_wait_behind_one_in_the_retry_path(
-    broker: Any, worker_factory: Callable[..., FaultsWorker]
+    module_kafka: Any, worker: FaultsWorker
 ) -> None:
-    w = worker_factory()
+    w, bootstrap = worker, module_kafka.bootstrap
+    since = Since.now(bootstrap, w)
     k = record_id_on(1, 7300)
     first, key, v1 = apply_event(k, "fail4-first")  # exhausts in-process retries: retry topic
     second, _, v2 = apply_event(k, "ok-second")
@@ -594,20 +644,20 @@ def test_later_events_of_a_key_wait_behind_one_in_the_retry_path(
         (key, v3, [], None),
     ]
     msgs += [(ok, ov, [], None) for _e, ok, ov in others]
-    produce(broker.bootstrap, w.topic, msgs)
-    w.start()
-    w.wait_for(lambda: {first, second, third} <= set(w.applied_ids()), 50, "key K applied")
+    produce(bootstrap, w.topic, msgs)
+    w.wait_for(lambda: {first, second, third} <= set(w.applied_ids()), DEADLINE_S, "key K applied")
     applied = w.events("applied")
     order = [r["event_id"] for r in applied]
     assert [e for e in order if e in {first, second, third}] == [first, second, third]
     t_first = next(r["t"] for r in applied if r["event_id"] == first)
-    w.wait_for(lambda: {e for e, _k, _v in others} <= set(w.applied_ids()), 10, "other keys applied")
+    w.wait_for(lambda: {e for e, _k, _v in others} <= set(w.applied_ids()), DEADLINE_S, "other keys applied")
     applied = w.events("applied")
     for other_id, _k, _v in others:
         t_other = next(r["t"] for r in applied if r["event_id"] == other_id)
         assert t_other < t_first, "another key waited for K's retry"
+    dead, retried = after_sentinels(bootstrap, w, since)
     # K's later events travelled the retry path as parked messages, right behind the failed one
-    retried = retry_of(broker.bootstrap, w.topic, 3)
+    assert len(retried) == 3
     by_event = {r.header("avcc-event-id") or "": r for r in retried}
     assert by_event[first].header("avcc-parked") == "0"
     parked = [r for r in retried if r.header("avcc-parked") == "1"]
@@ -617,90 +667,4 @@ def test_later_events_of_a_key_wait_behind_one_in_the_retry_path(
     # K's first event needed 5 attempts (4 failures), the others one each, nothing dead-lettered
     assert [r["n"] for r in w.events("attempt") if r["event_id"] == first] == [1, 2, 3, 4, 5]
     assert [r["n"] for r in w.events("attempt") if r["event_id"] == second] == [1]
-    assert dlq_of(broker.bootstrap, w.topic, 0, settle_s=0.5, timeout_s=5) == []
-
-
-RETRY_WORKER = r"""
-from app.cli import main
-
-main(["worker", "retry", "--without-web"])
-"""
-
-
-def test_retry_worker_holds_only_the_partition_whose_head_is_not_due(
-    broker: Any, tmp_path: Path, unique: str
-) -> None:
-    topic = f"test.retryfwd.{unique}"
-    plan_topics(broker.bootstrap, (topic, PARTITIONS))
-    out = tmp_path / "retry-worker"
-    out.mkdir()
-    script = out / "retry_worker.py"
-    script.write_text(RETRY_WORKER)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
-        "AVCC_KAFKA_URL": f"kafka://{broker.bootstrap}",
-        "AVCC_DATA_DIR": str(out / "data"),
-        "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
-        "AVCC_DEV_MODE": "true",
-    }
-    log_path = out / "worker.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(script)], cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        deadline = time.monotonic() + 45
-        while "retry forwarder assigned" not in log_path.read_text(errors="replace"):
-            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
-        # keys on two different retry partitions
-        key_a = next(k for k in (b"a%d" % i for i in range(100)) if partition_for(k, RETRY.partitions) == 0)
-        key_b = next(k for k in (b"b%d" % i for i in range(100)) if partition_for(k, RETRY.partitions) == 1)
-        now = int(time.time() * 1000)
-        due_a = now + 3000
-
-        def headers(n: str, not_before: int | None, original: str | None = topic) -> Headers:
-            h: Headers = [("trace-id", n.encode()), ("avcc-target-group", b"g" + unique.encode())]
-            if original is not None:
-                h += [("avcc-original-topic", original.encode()), ("avcc-original-partition", b"2")]
-            if not_before is not None:
-                h.append(("avcc-not-before-ms", str(not_before).encode()))
-            return h
-
-        lost = f"no-original-{unique}"
-        produce(
-            broker.bootstrap,
-            RETRY.name,
-            [
-                (key_a, b"A1", headers("A1", due_a), 0),
-                (key_a, b"A2", headers("A2", None), 0),  # parked behind A1: due at once, but after A1
-                (key_b, b"B1", headers("B1", now), 1),
-                (key_b, lost.encode(), headers("X", None, original=None), 1),
-            ],
-        )
-        got = read_topic(broker.bootstrap, topic, lambda r: True, expected=3, timeout_s=30, settle_s=0.5)
-        by_value = {r.value: r for r in got}
-        assert set(by_value) == {b"A1", b"A2", b"B1"}
-        a1, a2, b1 = by_value[b"A1"], by_value[b"A2"], by_value[b"B1"]
-        assert {r.partition for r in got} == {2}  # the original partition
-        assert b1.timestamp_ms < a1.timestamp_ms, "partition 1 waited for partition 0's head"
-        assert b1.timestamp_ms - now < 2500
-        assert a1.timestamp_ms >= due_a
-        assert a2.offset > a1.offset  # in order within the retry partition
-        assert a1.key == key_a and a1.header_list == headers("A1", due_a)  # unchanged, target included
-        [dead] = read_topic(
-            broker.bootstrap, DLQ.name, lambda r: r.value == lost.encode(), expected=1, timeout_s=20
-        )
-        assert dead.header("trace-id") == "X"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == 0 or proc.returncode == -signal.SIGTERM, log_path.read_text(errors="replace")[
-        -3000:
-    ]
+    assert dead == []

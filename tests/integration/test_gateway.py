@@ -14,7 +14,6 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.http.auth import HEADER_SIGNATURE, NonceCache, sign_request
@@ -23,6 +22,7 @@ from app.playback.gateway.endpoint import ROUTE, PlaybackIngest
 from app.playback.gateway.ingest import EVENT_ID_NAMESPACE, GatewaySettings
 from schemas.envelope import Envelope
 from schemas.playback import PlaybackEvent
+from tests.integration.reads import read_range, read_to_sentinel
 
 pytestmark = pytest.mark.integration
 
@@ -65,28 +65,27 @@ class Gateway:
         ) as response:
             return response.status, orjson.loads(await response.read()), dict(response.headers)
 
-    def produced(self, expected: int, timeout_s: float = 20.0) -> list[tuple[bytes, bytes]]:
-        """(key, value) of every message on the topic (reads until ``expected`` or timeout, then 1 s more)."""
+    def produced(self) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every message on the topic: the gateway's producer is flushed first
+        (every message it accepted acknowledged), then the topic is read to its end offsets."""
+        assert self.ingest.producer.flush(10) == 0
+        return [(m.key(), m.value()) for m in read_range(self.bootstrap, self.topic)]
+
+    async def produced_before_sentinel(self) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every message on the topic before a sentinel: a valid one-item batch
+        posted now through the same gateway and producer, read until it arrives (and every
+        partition to its end offset then); the sentinel left out."""
+        sentinel = item(SENTINEL, duration_sec=60)
+        status, body, _ = await self.post(orjson.dumps([sentinel]))
+        assert status == 202 and body["accepted"] == 1, body
         self.ingest.producer.flush(10)
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"check-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-            }
-        )
-        consumer.assign([TopicPartition(self.topic, p, 0) for p in range(24)])
-        found: list[tuple[bytes, bytes]] = []
-        deadline = time.monotonic() + timeout_s
-        settle: float | None = None
-        while time.monotonic() < deadline and (settle is None or time.monotonic() < settle):
-            for message in consumer.consume(500, timeout=0.3):
-                if message.error() is None:
-                    found.append((message.key(), message.value()))
-            if len(found) >= expected and settle is None:
-                settle = time.monotonic() + 1.0
-        consumer.close()
-        return found
+        code = sentinel["avcc_code"].encode()
+        messages = read_to_sentinel(self.bootstrap, self.topic, lambda m: code in (m.value() or b""))
+        return [(m.key(), m.value()) for m in messages]
+
+
+#: The item number of the sentinels: no test posts it otherwise.
+SENTINEL = 99_999_999
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -142,7 +141,7 @@ async def test_mixed_batch_produces_only_valid_items(gateway: Gateway) -> None:
     assert errors[4] == "<root>: must be a JSON object"
     assert errors[6].startswith("revenue_cny: ")
 
-    messages = gateway.produced(3)
+    messages = gateway.produced()
     assert len(messages) == 3
     envelopes = [Envelope[PlaybackEvent].model_validate_json(value) for _, value in messages]
     for (key, _), envelope in zip(messages, envelopes, strict=True):
@@ -162,7 +161,7 @@ async def test_ndjson_with_a_broken_line(gateway: Gateway) -> None:
     assert status == 202, body
     assert (body["accepted"], body["rejected"]) == (2, 1)
     assert body["errors"][0]["index"] == 1 and "malformed JSON" in body["errors"][0]["error"]
-    assert len(gateway.produced(2)) == 2
+    assert len(gateway.produced()) == 2
 
 
 @pytest.mark.parametrize(
@@ -190,7 +189,7 @@ async def test_refused_requests_get_401_and_produce_nothing(gateway: Gateway, ca
     status, answer, _ = await gateway.post(body, headers=headers)
     assert status == 401
     assert answer["reason"] == reason and answer["error"]
-    assert gateway.produced(0, timeout_s=1.5) == []
+    assert await gateway.produced_before_sentinel() == []
 
 
 async def test_replayed_request_is_refused(gateway: Gateway) -> None:
@@ -200,7 +199,7 @@ async def test_replayed_request_is_refused(gateway: Gateway) -> None:
     second = await gateway.post(body, headers=headers)
     assert first[0] == 202
     assert second[0] == 401 and second[1]["reason"] == "replayed_nonce"
-    assert len(gateway.produced(1)) == 1
+    assert len(gateway.produced()) == 1
 
 
 async def test_limits_answer_413(gateway: Gateway) -> None:
@@ -217,7 +216,7 @@ async def test_limits_answer_413(gateway: Gateway) -> None:
     assert status == 400 and body["reason"] == "empty_batch"
     status, body, _ = await gateway.post(b"[]", "text/plain")
     assert status == 415
-    assert gateway.produced(0, timeout_s=1.5) == []
+    assert await gateway.produced_before_sentinel() == []
 
 
 async def test_backpressure_answers_429_with_retry_after(broker: Any, unique: str) -> None:
@@ -228,7 +227,7 @@ async def test_backpressure_answers_429_with_retry_after(broker: Any, unique: st
         assert headers["Retry-After"] == "2" and body["reason"] == "backpressure"
         status, body, _ = await gateway.post(orjson.dumps([item(i) for i in range(3)]))
         assert status == 202 and body["accepted"] == 3
-        assert len(gateway.produced(3)) == 3
+        assert len(gateway.produced()) == 3
     finally:
         await gateway.session.close()
         await server.close()

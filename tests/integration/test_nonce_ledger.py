@@ -15,8 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
+from app.platform.http import nonces
 from app.platform.http.auth import sign_request
-from app.platform.http.nonces import READER_IDLE_AFTER_S, READER_IDLE_POLL_S, NonceLedger
+from app.platform.http.nonces import NonceLedger
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
@@ -82,12 +83,23 @@ async def test_each_nonce_is_accepted_by_exactly_one_of_two_replicas(
                 ledger.stop()
 
 
+async def _until(condition: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s:g}s"
+        await asyncio.sleep(0.05)
+
+
 async def test_idle_readers_pause_and_a_replay_is_still_refused_after_idling(
-    broker: KafkaKRaftBroker, unique: str
+    broker: KafkaKRaftBroker, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Readers nobody claims through stop fetching (an idle reader's fetches cost CPU for nothing);
     a claim wakes its own reader at once, and the other replica, idle meanwhile, still reads that
-    claim before its own: the replay is refused."""
+    claim before its own: the replay is refused.
+
+    A paused reader's periodic read comes only every :data:`LONG_POLL_S` here, so a claim that
+    completes at all (within the test's deadline, far shorter) was completed by the wake-up."""
+    monkeypatch.setattr(nonces, "READER_IDLE_POLL_S", LONG_POLL_S)
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}", nonce_store="kafka")
     topic = dataclasses.replace(NONCES, name=f"{NONCES.name}.{unique}")
     apply_plan(settings, [topic])
@@ -95,23 +107,29 @@ async def test_idle_readers_pause_and_a_replay_is_still_refused_after_idling(
     second = NonceLedger(settings, topic=topic.name, client_id=f"idle-b-{unique}")
     try:
         await _ready(first, second)
-        await asyncio.sleep(READER_IDLE_AFTER_S + 1.5)
-        assert first.idle_pauses >= 1 and second.idle_pauses >= 1
+        await _until(lambda: first.idle_pauses >= 1 and second.idle_pauses >= 1, "both readers idle")
 
         for round_ in range(3):
             pauses = (first.idle_pauses, second.idle_pauses)
             now = now_ms()
             nonce = f"nonce-{uuid.uuid4().hex}"
-            started = time.monotonic()
-            assert await first.claim("partner-0", nonce, now, now) is None
-            # woken by its claim, not by the next periodic read (READER_IDLE_POLL_S)
-            assert time.monotonic() - started < READER_IDLE_POLL_S * 0.9, round_
+            # woken by its claim, not by the next periodic read (LONG_POLL_S away)
+            verdict = await asyncio.wait_for(first.claim("partner-0", nonce, now, now), WAKE_DEADLINE_S)
+            assert verdict is None, round_
             assert await second.claim("partner-0", nonce, now, now_ms()) == "replayed_nonce", round_
-            await asyncio.sleep(READER_IDLE_AFTER_S + READER_IDLE_POLL_S + 0.5)
-            assert first.idle_pauses > pauses[0] and second.idle_pauses > pauses[1], round_
+            await _until(
+                lambda p=pauses: first.idle_pauses > p[0] and second.idle_pauses > p[1],
+                f"both readers idle again (round {round_})",
+            )
     finally:
         first.stop()
         second.stop()
+
+
+#: A paused reader's periodic read interval in the idle test: far beyond its deadline for a claim.
+LONG_POLL_S = 600.0
+#: How long a claim may take in the idle test (a loaded box); the periodic read would take LONG_POLL_S.
+WAKE_DEADLINE_S = 60.0
 
 
 @pytest.fixture

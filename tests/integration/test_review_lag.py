@@ -1,6 +1,9 @@
 """Seed 9.3.4 on the running pipeline: with the review group stopped and more than 1000
 applications queued, the lag alert fires (with a scale-out recommendation) and resolves once
-the restarted group has caught up."""
+the restarted group has caught up.
+
+The review worker and its broker are this module's own: it stops the worker and queues 1,100
+events for it."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import asyncio
 import hashlib
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -16,9 +19,12 @@ from confluent_kafka import Producer
 from app.ops.lag.lifecycle import AlertEvent
 from app.ops.lag.monitor import LagMonitor, LagReport
 from app.ops.lag.settings import LagSettings
+from app.platform.internal_topics import changelog_specs
+from app.platform.kafka.admin import apply_plan
 from app.platform.kafka.partitioner import record_key
 from app.platform.settings import Settings
-from app.platform.topics import APPLY_CREATED
+from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
+from app.servers import KafkaKRaftBroker
 from schemas.apply import AiToolInfo, ApplyCreated
 from schemas.envelope import encode_event, make_envelope
 from tests.integration.stack import Stack
@@ -47,11 +53,25 @@ def queue_applications(bootstrap: str, count: int) -> None:
     assert producer.flush(60) == 0
 
 
+@pytest.fixture(scope="module")
+def review_stack(module_kafka: KafkaKRaftBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A review worker of this module alone (the lag rule is about its group and apply.created)."""
+    root = tmp_path_factory.mktemp("review-lag")
+    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    stack = Stack(module_kafka.bootstrap, root)
+    try:
+        stack.start("review")
+        yield stack
+    finally:
+        stack.stop_all()
+
+
 def review_rule_events(report: LagReport) -> list[AlertEvent]:
     return [e for e in report.events if e.topic == APPLY_CREATED.name and e.group == "avcc-review"]
 
 
-async def test_review_lag_alert_fires_then_resolves(core_stack: Stack, stack_broker: Any) -> None:
+async def test_review_lag_alert_fires_then_resolves(review_stack: Stack) -> None:
+    core_stack = review_stack
     settings = Settings(kafka_url=f"kafka://{core_stack.bootstrap}")
     config = LagSettings(interval_s=1.0, window_s=60.0)
     monitor = LagMonitor(settings, config, sinks=[])

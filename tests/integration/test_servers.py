@@ -1,4 +1,6 @@
-"""The managed servers really work: produce/consume on the broker, restarts keep data."""
+"""The managed servers really work: produce/consume on the broker, restarts keep data.
+
+The broker and the ClickHouse server are this module's own: it restarts and kills them."""
 
 from __future__ import annotations
 
@@ -85,7 +87,8 @@ def committed_total(bootstrap: str, topic: str, group: str, partitions: int) -> 
         consumer.close()
 
 
-def test_produce_and_consume_keyed_messages(broker: KafkaKRaftBroker, unique: str) -> None:
+def test_produce_and_consume_keyed_messages(module_kafka: KafkaKRaftBroker, unique: str) -> None:
+    broker = module_kafka
     topic, group = f"servers-{unique}", f"servers-{unique}"
     keys = [f"key-{i:03d}" for i in range(N_MESSAGES)]
     create_topic(broker.bootstrap, topic, partitions=3)
@@ -102,7 +105,8 @@ def test_produce_and_consume_keyed_messages(broker: KafkaKRaftBroker, unique: st
     assert {m.partition() for m in received} == {0, 1, 2}
 
 
-def test_kafka_restart_keeps_records_and_offsets(kafka_broker: KafkaKRaftBroker, unique: str) -> None:
+def test_kafka_restart_keeps_records_and_offsets(module_kafka: KafkaKRaftBroker, unique: str) -> None:
+    kafka_broker = module_kafka
     topic, group = f"servers-{unique}", f"servers-{unique}"
     keys = [f"key-{i:03d}" for i in range(N_MESSAGES)]
     create_topic(kafka_broker.bootstrap, topic, partitions=3)
@@ -118,7 +122,8 @@ def test_kafka_restart_keeps_records_and_offsets(kafka_broker: KafkaKRaftBroker,
     assert sorted(m.key().decode() for m in again) == keys
 
 
-def test_kafka_survives_sigkill(kafka_broker: KafkaKRaftBroker, unique: str) -> None:
+def test_kafka_survives_sigkill(module_kafka: KafkaKRaftBroker, unique: str) -> None:
+    kafka_broker = module_kafka
     topic = f"servers-{unique}"
     first = [f"a-{i:03d}" for i in range(50)]
     second = [f"b-{i:03d}" for i in range(50)]

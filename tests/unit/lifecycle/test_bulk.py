@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
+from app.lifecycle.code import bulk as bulk_module
 from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, PendingClaims, claim_batch, read_batch
 from app.platform.http.responses import BadRequest, parse_body
 from app.platform.kafka.partitioner import partition_for
@@ -164,7 +166,7 @@ def test_a_throttled_claim_goes_on_and_a_resent_item_joins_it_instead_of_asking_
 
     async def scenario() -> None:
         pending = PendingClaims(100, 60.0)
-        first = await claim_batch(apps, {}, pending, ask, _parity, wait_s=0.2)
+        first = await claim_batch(apps, {}, pending, ask, _parity, wait_s=1.0)
         assert [a["http_status"] for a in first.items] == [202, 429, 202]
         assert first.items[1]["request_id"] == "req_1"
         assert len(pending) == 1  # the slow claim is still asked for
@@ -181,7 +183,7 @@ def test_a_throttled_claim_goes_on_and_a_resent_item_joins_it_instead_of_asking_
     asyncio.run(scenario())
 
 
-def test_kept_answers_expire_and_are_bounded() -> None:
+def test_kept_answers_expire_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     apps = [ApplicationRequest.model_validate(item(i)) for i in range(3)]
     asked: list[str] = []
 
@@ -193,14 +195,18 @@ def test_kept_answers_expire_and_are_bounded() -> None:
         await pending.ask_all([application], ask, _parity)[0]
         await asyncio.sleep(0)
 
+    now = [1000.0]  # the module's clock, moved by the test (no wall-clock margins)
+    monkeypatch.setattr(bulk_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
     async def scenario() -> None:
         pending = PendingClaims(100, 60.0, keep=2, keep_s=0.2)
         for a in apps:
             await one(pending, a)
         await one(pending, apps[0])  # pushed out by the bound: asked again
-        await one(pending, apps[2])  # kept
+        now[0] += 0.19
+        await one(pending, apps[2])  # kept (until keep_s has passed)
         assert asked == ["req_0", "req_1", "req_2", "req_0"]
-        await asyncio.sleep(0.3)
+        now[0] += 0.02
         await one(pending, apps[2])  # expired: asked again
         assert asked[-1] == "req_2" and len(asked) == 5
 

@@ -44,10 +44,9 @@ def test_the_reply_topic_is_not_a_source_partition() -> None:
     watchdog took that for a stall and restarted the code worker every 45 s."""
     from faust.types import TP
 
-    from app.platform.faust.app import get_app
+    from agents.code import app  # with its agents and tables: an App without any has no consumer
     from app.platform.http.views import WorkerLagExporter
 
-    app = get_app("code")
     exporter = WorkerLagExporter(app, "code")
     reply = str(app.conf.reply_to)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
+from app.ops.retry import forwarder as forwarder_module
 from app.ops.retry.forwarder import RetryForwarder
 from app.ops.retry.schedule import due_at
 from app.platform.faust.runtime import now_ms
@@ -84,6 +84,23 @@ def retry_headers(not_before: int | None, target: bytes = b"review") -> list[tup
     return headers
 
 
+class Clock:
+    """The forwarder's ``now_ms``, moved by the test: due times without wall-clock margins."""
+
+    def __init__(self) -> None:
+        self.ms = now_ms()
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(forwarder_module, "now_ms", fake)
+    return fake
+
+
 @pytest.fixture
 async def forwarder() -> Any:
     fwd = RetryForwarder(Settings(), group_id="unit")
@@ -106,9 +123,9 @@ async def test_due_message_is_reproduced_unchanged_then_committed(forwarder: Any
     assert consumer.calls == [("commit", [(0, 6)])]
 
 
-async def test_message_not_due_pauses_and_rewinds_only_its_partition(forwarder: Any) -> None:
+async def test_message_not_due_pauses_and_rewinds_only_its_partition(forwarder: Any, clock: Clock) -> None:
     consumer = FakeConsumer()
-    due = now_ms() + 200
+    due = clock.ms + 200
     await forwarder.handle(consumer, FakeMessage(5, retry_headers(due)))
     assert consumer.calls == [("pause", [("topic.system.retry", 0)]), ("seek", (0, 5))]
     # a message of the same partition that was prefetched is ignored (it will be read again)
@@ -116,10 +133,11 @@ async def test_message_not_due_pauses_and_rewinds_only_its_partition(forwarder: 
     # another partition keeps flowing
     await forwarder.handle(consumer, FakeMessage(9, retry_headers(None), partition=1))
     assert [s[1] for s in forwarder._producer.sent] == [b"v9"]
-    assert 0.0 < forwarder._poll_timeout() <= 0.2
+    assert forwarder._poll_timeout() == pytest.approx(0.2)
+    clock.ms += 199
     await forwarder._resume_due(consumer)
     assert consumer.calls[-1] == ("commit", [(1, 10)])  # not resumed yet
-    await asyncio.sleep(0.25)
+    clock.ms += 1
     await forwarder._resume_due(consumer)
     assert consumer.calls[-1] == ("resume", [("topic.system.retry", 0)])
     await forwarder.handle(consumer, FakeMessage(5, retry_headers(due)))
@@ -127,10 +145,10 @@ async def test_message_not_due_pauses_and_rewinds_only_its_partition(forwarder: 
     assert [s[1] for s in forwarder._producer.sent] == [b"v9", b"v5", b"v6"]
 
 
-async def test_a_lost_rewind_never_skips_the_held_message(forwarder: Any) -> None:
+async def test_a_lost_rewind_never_skips_the_held_message(forwarder: Any, clock: Clock) -> None:
     consumer = FakeConsumer()
-    await forwarder.handle(consumer, FakeMessage(5, retry_headers(now_ms() + 50)))
-    await asyncio.sleep(0.06)
+    await forwarder.handle(consumer, FakeMessage(5, retry_headers(clock.ms + 50)))
+    clock.ms += 60
     await forwarder._resume_due(consumer)
     await forwarder.handle(consumer, FakeMessage(6, retry_headers(None)))  # 5 did not come back
     assert forwarder._producer.sent == []
