@@ -131,21 +131,37 @@ RECORD = Operation(
     errors=(404,),
     tag="records",
 )
+_REPLICA_COUNTS: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["url", "partitions", "answered"],
+    "properties": {
+        "url": {**_STR, "description": "The replica's advertised base URL."},
+        "partitions": {"type": "array", "items": _INT, "description": "The record partitions it holds."},
+        "answered": {"type": "boolean"},
+        "counts": {"type": "object", "additionalProperties": _INT, "description": "Its records by status."},
+        "error": {**_STR, "description": "Why it did not answer."},
+    },
+}
 RECORD_COUNTS = Operation(
     "GET",
     "/v1/avcc/record-counts",
-    "Records by status among the partitions the answering worker holds (the console's overview; "
-    "with several code replicas each answers for its own partitions).",
+    "Records by status over every record partition, answered the same by any code replica: it "
+    "merges the counts of every replica holding record partitions (the console's overview).",
     (
         Reply(
             200,
-            "Counts by status; truncated when the scan stopped at its bound.",
+            "Counts by status summed over the replicas that answered; every replica with its "
+            "partitions; the partitions nobody counted (a replica that did not answer is named in "
+            "replicas with answered false). truncated is always false (counts are kept, not scanned).",
             {
                 "type": "object",
                 "required": ["counts", "truncated"],
                 "properties": {
                     "counts": {"type": "object", "additionalProperties": _INT},
                     "truncated": {"type": "boolean"},
+                    "partitions": {**_INT, "description": "Record partitions in all."},
+                    "missing_partitions": {"type": "array", "items": _INT},
+                    "replicas": {"type": "array", "items": _REPLICA_COUNTS},
                 },
             },
         ),

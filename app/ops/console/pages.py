@@ -7,7 +7,7 @@ Every value from a worker, a record or a report is escaped.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -51,6 +51,10 @@ class Overview:
     records: Mapping[str, int] | None
     anomalies: Sequence[Mapping[str, Any]] = ()
     errors: Mapping[str, str] = field(default_factory=dict)
+    #: The code replicas behind ``records`` (``url``, ``partitions``, ``answered``, ``error``).
+    record_replicas: Sequence[Mapping[str, Any]] = ()
+    #: Record partitions no replica counted (a silent replica's, or ones without an owner yet).
+    missing_partitions: Sequence[int] = ()
 
 
 def _topics(history: OffsetHistory) -> str:
@@ -94,6 +98,42 @@ def _counts(
     return f"<section><h2>{_e(title)}</h2><table id='{table_id}'><tbody>{cells}</tbody></table></section>"
 
 
+def _numbers(values: Iterable[Any]) -> str:
+    return ", ".join(str(int(v)) for v in values)
+
+
+def _record_sources(overview: Overview) -> str:
+    """Under records by status: which code replicas answered for which partitions, and each one
+    that did not, with the partitions whose records are therefore not counted."""
+    if overview.records is None:
+        return ""
+    parts = []
+    answered = [r for r in overview.record_replicas if r.get("answered")]
+    silent = [r for r in overview.record_replicas if not r.get("answered")]
+    for replica in silent:
+        held = _numbers(replica.get("partitions", ()))
+        reason = f" ({replica['error']})" if replica.get("error") else ""
+        parts.append(
+            f"<p class='flash error replica-missing' data-replica='{_e(str(replica.get('url')))}' "
+            f"data-partitions='{_e(held)}'>code replica {_e(str(replica.get('url')))} did not "
+            f"answer{_e(reason)}: the records of its partitions {_e(held)} are not counted</p>"
+        )
+    held_by_silent = {int(p) for r in silent for p in r.get("partitions", ())}
+    unowned = [p for p in overview.missing_partitions if int(p) not in held_by_silent]
+    if unowned:
+        parts.append(
+            f"<p class='flash error' id='records-unowned' data-partitions='{_numbers(unowned)}'>"
+            f"partitions {_numbers(unowned)} have no owner yet (the code group is rebalancing): "
+            "their records are not counted</p>"
+        )
+    if answered:
+        sources = "; ".join(
+            f"{_e(str(r.get('url')))} ({_numbers(r.get('partitions', ()))})" for r in answered
+        )
+        parts.append(f"<p class='muted' id='records-sources'>Counted by {sources}.</p>")
+    return "".join(parts)
+
+
 def _anomalies(overview: Overview) -> str:
     items = []
     for state in overview.report.active_alerts if overview.report else ():
@@ -123,7 +163,8 @@ def overview_html(overview: Overview, user: str) -> str:
     parts.append(_topics(overview.history))
     parts.append("<div class='cols'>")
     review = {"need_human": ROUTE_REVIEW}
-    parts.append(_counts("records", "Records by status", overview.records, RECORD_STATUSES, review))
+    records = _counts("records", "Records by status", overview.records, RECORD_STATUSES, review)
+    parts.append(records.removesuffix("</section>") + _record_sources(overview) + "</section>")
     dlq_links: dict[str, str] = {s: f"{ROUTE_DLQ}?status={s}" for s in DLQ_STATUSES}
     parts.append(_counts("dlq", "Dead letters by status", overview.dlq_counts, DLQ_STATUSES, dlq_links))
     parts.append("</div>")

@@ -59,6 +59,8 @@ class ConsoleHome:
         self.monitor = monitor
         self.peers = Peers(dlq.settings, self.config)
         self.tokens = tokens if tokens is not None else FormTokens(ttl_s=self.config.form_token_ttl_s)
+        #: The code replicas the last record counts named: asked when the configured one is away.
+        self.code_replicas: list[str] = []
 
     async def _peer(self, group: str, path: str, errors: dict[str, str]) -> Any:
         try:
@@ -67,11 +69,24 @@ class ConsoleHome:
             errors[group] = str(exc)
             return None
 
+    async def _record_counts(self, errors: dict[str, str]) -> Any:
+        """Records by status from any code replica (each merges every replica's counts): the
+        configured one, else a replica the group's assignment named in an earlier answer."""
+        configured = self.config.peer_url(self.peers.settings, "code")
+        others = [url for url in self.code_replicas if url != configured]
+        try:
+            answer = await self.peers.get_from_any("code", RECORD_COUNTS.path, others)
+        except PeerError as exc:
+            errors["code"] = str(exc)
+            return None
+        self.code_replicas = [str(r["url"]) for r in answer.get("replicas", ()) if r.get("url")]
+        return answer
+
     async def home(self, request: web.Request, user: str) -> web.StreamResponse:
         """``GET /``."""
         errors: dict[str, str] = {}
         counts, anomalies = await asyncio.gather(
-            self._peer("code", RECORD_COUNTS.path, errors), self._peer("sink", _ANOMALIES, errors)
+            self._record_counts(errors), self._peer("sink", _ANOMALIES, errors)
         )
         try:
             dlq_counts: Mapping[str, int] | None = self.dlq.store.counts()
@@ -83,6 +98,8 @@ class ConsoleHome:
             history=monitor.history if monitor else OffsetHistory(),
             dlq_counts=dlq_counts,
             records=counts["counts"] if counts else None,
+            record_replicas=counts.get("replicas", ()) if counts else (),
+            missing_partitions=counts.get("missing_partitions", ()) if counts else (),
             anomalies=anomalies["anomalies"] if anomalies else (),
             errors=errors,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.ops.console.charts import sparkline
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import Overview, overview_html, workbench_html
@@ -72,6 +74,25 @@ def test_overview_shows_every_record_status_and_unavailable_parts() -> None:
         assert f'<tr data-status="{status}">' in text
 
 
+def test_overview_names_a_silent_code_replica_with_its_partitions() -> None:
+    replicas = [
+        {"url": "http://127.0.0.1:6067", "partitions": [0, 2], "answered": True, "counts": {"issued": 4}},
+        {"url": "http://127.0.0.2:6067", "partitions": [1, 3, 5], "answered": False, "error": "answered 503"},
+    ]
+    overview = Overview(
+        None, OffsetHistory(), {}, {"issued": 4}, record_replicas=replicas, missing_partitions=[1, 3, 4, 5]
+    )
+    text = overview_html(overview, "alice")
+    assert (
+        "<p class='flash error replica-missing' data-replica='http://127.0.0.2:6067' "
+        "data-partitions='1, 3, 5'>code replica http://127.0.0.2:6067 did not answer (answered 503): "
+        "the records of its partitions 1, 3, 5 are not counted</p>"
+    ) in text
+    assert "id='records-unowned' data-partitions='4'" in text  # no owner: not the silent replica's
+    assert "Counted by http://127.0.0.1:6067 (0, 2)." in text
+    assert "<tr data-status=\"issued\"><td>issued</td><td class='n'>4</td></tr>" in text
+
+
 def test_workbench_forms_carry_token_and_escape_evidence() -> None:
     task = {
         "avcc_record_id": 7,
@@ -98,3 +119,30 @@ def test_console_key_and_peer_urls() -> None:
     assert ConsoleSettings().signing_key(prod) is None  # no silent default outside dev mode
     assert ConsoleSettings(key_id="console").signing_key(prod) == ("console", "a-long-console-secret-1234")
     assert ConsoleSettings(key_id="missing").signing_key(prod) is None
+
+
+async def test_record_counts_come_from_a_replica_named_earlier_when_the_configured_one_is_away() -> None:
+    """The console's configured code URL is one replica; when it does not answer, the replicas the
+    group's assignment named in the last answer are asked (each answers for every replica)."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from app.ops.console.peers import PeerError, Peers
+    from app.servers import free_port
+
+    async def counts(request: web.Request) -> web.Response:
+        return web.json_response({"counts": {"issued": 1}, "replicas": []})
+
+    application = web.Application()
+    application.router.add_get("/v1/avcc/record-counts", counts)
+    server = TestServer(application, host="127.0.0.1")
+    await server.start_server()
+    try:
+        away = f"http://127.0.0.1:{free_port()}"
+        peers = Peers(Settings(dev_mode=True), ConsoleSettings(code_url=away, peer_timeout_s=2))
+        answer = await peers.get_from_any("code", "/v1/avcc/record-counts", [str(server.make_url(""))])
+        assert answer["counts"] == {"issued": 1}
+        with pytest.raises(PeerError, match="unreachable"):
+            await peers.get_from_any("code", "/v1/avcc/record-counts", [])
+    finally:
+        await server.close()
