@@ -115,12 +115,13 @@ async def test_overview_and_workbench_decide_a_need_human_application(
             await page.screenshot(path=str(tmp_path / "console-home.png"), full_page=True)
             shutil.copy(tmp_path / "console-home.png", "/tmp/console-home.png")
 
-            # Lag page: one row per group first, partitions folded below.
+            # Lag page: one row per group, its partitions folded in the row.
             await page.goto(f"{base}/lag")
             assert await page.locator("#groups tr[data-group='avcc-code']").count() == 1
-            assert not await page.locator("#lag").is_visible()
-            await page.locator("#partitions summary").click()
-            assert await page.locator("#lag").is_visible()
+            partitions = page.locator("details[data-group='avcc-code']")
+            assert not await partitions.locator("table.lag").is_visible()
+            await partitions.locator("summary").click()
+            assert await partitions.locator("table.lag").is_visible()
 
             # Workbench: the evidence is shown; approve one task from its form.
             await goto_past_refresh(page, f"{base}/review")
