@@ -25,8 +25,9 @@ from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS
 from app.lifecycle.code.answers import ClaimMoved, ClaimWaiters
 from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
 from app.lifecycle.code.claims import CLAIM_TIMEOUT_S, application_answer, plan_claims
-from app.lifecycle.code.recent import recent_records, render_recent_records, status_counts
+from app.lifecycle.code.recent import recent_records, render_recent_records
 from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
+from app.lifecycle.code.status_counts import ReplicaCounts, StatusCounts, merge_replicas
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import (
     HEADER_TARGET_GROUP,
@@ -37,17 +38,20 @@ from app.platform.faust.runtime import (
     now_ms,
     source_topic,
 )
-from app.platform.http.auth import RequestRefused, authenticate, read_body, require_hmac, signed_json
+from app.platform.http.auth import RequestRefused, authenticate, read_body, signed_json
 from app.platform.http.openapi import route
 from app.platform.http.peers import PeerClient, is_peer_call
 from app.platform.http.responses import json_error, json_response
 from app.platform.http.routing import (
     FORWARD_TIMEOUT_S,
+    SETTLE_WAIT_S,
     answer_at_owner,
+    ask_every_peer,
     partition_owner_url,
     partitions_settled,
     rebalancing_answer,
     record_request,
+    table_wide_request,
     wait_settled,
 )
 from app.platform.http.views import install_common_views
@@ -80,6 +84,12 @@ runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
 claim_waiters = ClaimWaiters()
 peers = PeerClient(settings, FORWARD_TIMEOUT_S)
+#: Records by status of this worker's record partitions, kept in memory (see the module).
+record_counts = StatusCounts()
+#: How long the answering replica waits for each other replica's counts: below the console's
+#: own time limit (``AVCC_CONSOLE_PEER_TIMEOUT_S``, 5 s), so a silent replica is named on the
+#: page instead of failing the whole answer.
+COUNTS_PEER_TIMEOUT_S = 3.0
 
 review_source = source_topic(app, REVIEW_TASK_FINISHED)
 record_inputs = source_topic(app, APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
@@ -122,7 +132,9 @@ async def handle_record_event(envelope: Envelope[Any]) -> Effects:
         new = review_finished(state, envelope, now, org, node)
     else:
         new = tx_confirmed(state, envelope, now, org, node)
-    return Effects(writes=[records.write(key, new)])
+    old_status = state.status if state is not None else None
+    counted = functools.partial(record_counts.moved, key, old_status, new.status, len(new.history))
+    return Effects(writes=[records.write(key, new)], apply=counted)
 
 
 @app.agent(record_inputs)
@@ -337,15 +349,82 @@ class RecentRecordsPage(faust.web.View):
         return web.Response(text=render_recent_records(recent), content_type="text/html")
 
 
+async def record_partitions_moved(sender: Any, tps: set[TP], **_: Any) -> None:
+    """A rebalance: the counts wait for the next rebuild."""
+    record_counts.invalidate()
+
+
+app.on_partitions_revoked.connect(record_partitions_moved)  # type: ignore[arg-type]  # mode's signal typing
+app.on_partitions_assigned.connect(record_partitions_moved)  # type: ignore[arg-type]
+
+
+def held_record_partitions() -> list[int]:
+    """The record partitions this worker holds (its active partitions of the records changelog)."""
+    changelog = records.changelog
+    return sorted(tp.partition for tp in app.assignor.assigned_actives() if tp.topic == changelog)
+
+
+async def counts_built() -> bool:
+    """Rebuild the record counts if a rebalance left them unbuilt and the table partitions are
+    recovered; whether they are built."""
+    if record_counts.ready:
+        return True
+    if not partitions_settled(app):
+        return False
+    return await record_counts.rebuild(held_record_partitions(), records.table.items)
+
+
+async def keep_record_counts() -> None:
+    """Rebuild the counts soon after each assignment, before anyone asks."""
+    await counts_built()
+
+
+app.timer(interval=1.0)(keep_record_counts)
+
+
+async def counts_here() -> ReplicaCounts | None:
+    """This worker's counts (waiting at most :data:`SETTLE_WAIT_S` for a rebuild)."""
+    deadline = asyncio.get_running_loop().time() + SETTLE_WAIT_S
+    while not await counts_built():
+        if asyncio.get_running_loop().time() >= deadline:
+            return None
+        await asyncio.sleep(0.1)
+    snapshot = record_counts.snapshot()
+    if snapshot is None:
+        return None
+    partitions, counts = snapshot
+    return ReplicaCounts(str(app.conf.canonical_url).rstrip("/"), partitions, counts)
+
+
+async def counts_of_peers(request: web.Request) -> list[ReplicaCounts]:
+    """What every other replica holding record partitions answered, each named with its
+    partitions (and why) when it did not."""
+    replicas: list[ReplicaCounts] = []
+    for peer in await ask_every_peer(app, records.table, request, settings, timeout_s=COUNTS_PEER_TIMEOUT_S):
+        if peer.answer.status == 200 and isinstance(peer.answer.body, bytes):
+            replicas.extend(ReplicaCounts.from_json(e) for e in orjson.loads(peer.answer.body)["replicas"])
+            continue
+        try:
+            reason = orjson.loads(peer.answer.body or b"{}").get("error", "")  # type: ignore[arg-type]
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            reason = ""
+        error = f"answered {peer.answer.status}" + (f": {reason}" if reason else "")
+        replicas.append(ReplicaCounts(peer.url, peer.partitions, error=error))
+    return replicas
+
+
 @route(app, RECORD_COUNTS)
 class RecordCounts(faust.web.View):
-    """``GET``: records by status among the partitions this worker holds (the console's overview;
-    with several code replicas each answers for its own partitions)."""
+    """``GET``: records by status of every record partition, answered the same by any replica:
+    its own counts plus those of every other replica holding record partitions (asked with the
+    request forwarded); a replica that does not answer is named with the partitions it held."""
 
-    @require_hmac("records:read")
     async def get(self, request: web.Request) -> web.Response:
-        try:
-            counts, truncated = await status_counts(records.table.values())
-        except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
-            return json_error(503, "rebalancing; retry")
-        return json_response({"counts": counts, "truncated": truncated})
+        forwarded = await table_wide_request(app, request, settings, scope="records:read")
+        if isinstance(forwarded, web.Response):
+            return forwarded
+        here = await counts_here()
+        if here is None:
+            return rebalancing_answer("record counts are being rebuilt after a rebalance")
+        replicas = [here] if forwarded else [here, *await counts_of_peers(request)]
+        return json_response(merge_replicas(replicas, APPLY_CREATED.partitions))

@@ -10,17 +10,22 @@ the log and the Alertmanager webhook.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import faust
+from aiohttp import web
 from mode import Service
 
 from app.ops.api_docs import install_api_docs
+from app.ops.console.live import install_live_script
 from app.ops.console.views import install_home
 from app.ops.dlq.console import install_console
 from app.ops.lag.monitor import LagMonitor
 from app.ops.lag.pages import lag_json, render_lag_html
 from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import get_app
+from app.platform.http.headers import LIVE_PAGE_POLICY
+from app.platform.http.operators import OPERATOR_ATTRIBUTE
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 
@@ -70,11 +75,14 @@ class LagMonitorService(Service):
 
 @app.page("/lag", name="avcc_ops_lag")
 async def lag_page(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-    """HTML table: group, topic, partition, end, committed, lag, status (coloured); auto-refreshes."""
+    """The console's lag page: groups with status, lag and trend, partitions unfolding in place;
+    its numbers update in place every ``AVCC_LAG_INTERVAL_S`` (the console's one script)."""
     monitor = _monitor[0] if _monitor else None
     report = monitor.last_report if monitor else None
     history = monitor.history if monitor else None
-    return self.html(render_lag_html(report, refresh_s=LAG_CONFIG.interval_s, history=history))
+    user = cast(web.Request, request).get(OPERATOR_ATTRIBUTE)  # faust's aiohttp driver
+    text = render_lag_html(report, refresh_s=LAG_CONFIG.interval_s, history=history, user=user)
+    return self.html(text, headers={"Content-Security-Policy": LIVE_PAGE_POLICY})
 
 
 @app.page("/lag.json", name="avcc_ops_lag_json")
@@ -99,3 +107,5 @@ install_api_docs(app)
 # The home page (groups, topics, rates, records, DLQ, anomalies) and the human review workbench
 # (app/ops/console): they reach the code, review and sink workers through their signed routes.
 home = install_home(app, console, lambda: _monitor[0] if _monitor else None)
+# The console's one script: the lag page's live numbers (app/ops/console/live.js).
+install_live_script(app)

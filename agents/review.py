@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from app.api import DECIDE, TASKS
+from app.lifecycle.review.listing import TaskPage, TaskQuery, merge_pages
 from app.lifecycle.review.rules import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
@@ -72,25 +73,26 @@ async def review_tasks(stream: Any) -> None:
 
 @route(app, TASKS)
 class Tasks(faust.web.View):
-    """``GET ?status=need_human``: the review tasks of every replica, oldest first."""
+    """``GET ?status=need_human&applicant_id=&final_level=&created_before_ms=&after=&limit=``: the
+    review tasks of every replica, filtered, oldest first, a page at a time."""
 
     async def get(self, request: web.Request) -> web.Response:
-        """Answered the same by every replica: the tasks of this worker's partitions plus those
-        its peers hold (asked with the request forwarded)."""
+        """Answered the same by every replica: the page of this worker's partitions merged with
+        those of its peers (asked with the request forwarded, so with the same query)."""
         forwarded = await table_wide_request(app, request, settings, scope="review:decide")
         if isinstance(forwarded, web.Response):
             return forwarded
-        wanted = request.query.get("status")
-        items = {t.avcc_record_id: t.public() for t in tasks.values() if wanted is None or t.status == wanted}
+        try:
+            query = TaskQuery.parse(request.query)
+        except ValueError as exc:
+            return json_error(400, str(exc), reason="bad_parameter", fields=[str(exc).split(":", 1)[0]])
+        pages = [query.page(t.public() for t in tasks.values())]
         if not forwarded:
             answers = await answers_of_every_peer(app, tasks.table, request, settings)
             if isinstance(answers, web.Response):
                 return answers
-            for answer in answers:
-                for task in orjson.loads(answer)["tasks"]:
-                    items.setdefault(task["avcc_record_id"], task)
-        listing = sorted(items.values(), key=lambda t: (t["created_ms"], t["avcc_record_id"]))
-        return json_response({"tasks": listing, "count": len(listing)})
+            pages.extend(TaskPage.from_json(orjson.loads(answer)) for answer in answers)
+        return json_response(merge_pages(query, pages).as_json())
 
 
 @route(app, DECIDE)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from app.lifecycle.code.records import RecordState
+from app.lifecycle.review.listing import CURSOR_PATTERN, MAX_LIMIT
 from app.lifecycle.review.tasks import ReviewTask
 from app.lifecycle.settlement.clearing import Clearing, InstructionRequest
 from app.platform.http.openapi import API_VERSION, Body, Operation, Param, Reply, build_document
@@ -131,21 +132,37 @@ RECORD = Operation(
     errors=(404,),
     tag="records",
 )
+_REPLICA_COUNTS: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["url", "partitions", "answered"],
+    "properties": {
+        "url": {**_STR, "description": "The replica's advertised base URL."},
+        "partitions": {"type": "array", "items": _INT, "description": "The record partitions it holds."},
+        "answered": {"type": "boolean"},
+        "counts": {"type": "object", "additionalProperties": _INT, "description": "Its records by status."},
+        "error": {**_STR, "description": "Why it did not answer."},
+    },
+}
 RECORD_COUNTS = Operation(
     "GET",
     "/v1/avcc/record-counts",
-    "Records by status among the partitions the answering worker holds (the console's overview; "
-    "with several code replicas each answers for its own partitions).",
+    "Records by status over every record partition, answered the same by any code replica: it "
+    "merges the counts of every replica holding record partitions (the console's overview).",
     (
         Reply(
             200,
-            "Counts by status; truncated when the scan stopped at its bound.",
+            "Counts by status summed over the replicas that answered; every replica with its "
+            "partitions; the partitions nobody counted (a replica that did not answer is named in "
+            "replicas with answered false). truncated is always false (counts are kept, not scanned).",
             {
                 "type": "object",
                 "required": ["counts", "truncated"],
                 "properties": {
                     "counts": {"type": "object", "additionalProperties": _INT},
                     "truncated": {"type": "boolean"},
+                    "partitions": {**_INT, "description": "Record partitions in all."},
+                    "missing_partitions": {"type": "array", "items": _INT},
+                    "replicas": {"type": "array", "items": _REPLICA_COUNTS},
                 },
             },
         ),
@@ -157,20 +174,38 @@ RECORD_COUNTS = Operation(
 TASKS = Operation(
     "GET",
     "/v1/review/tasks",
-    "Review tasks of every review replica (the answering worker asks its peers), oldest first.",
+    "Review tasks of every review replica (the answering worker asks its peers), filtered, oldest "
+    "first (by created_ms, then record id), a page at a time when limit is given.",
     (
         Reply(
             200,
-            "The tasks.",
+            "A page of tasks: total matches the filters, remaining counts this page's tasks and "
+            "those after it (the page starts at task total - remaining + 1); next is the after of "
+            "the following page, null on the last.",
             {
                 "type": "object",
                 "required": ["tasks", "count"],
-                "properties": {"tasks": {"type": "array", "items": ReviewTask}, "count": _INT},
+                "properties": {
+                    "tasks": {"type": "array", "items": ReviewTask},
+                    "count": _INT,
+                    "total": _INT,
+                    "remaining": _INT,
+                    "next": {"type": ["string", "null"], "pattern": CURSOR_PATTERN},
+                },
             },
         ),
     ),
     scope="review:decide",
-    params=(Param("status", {"type": "string", "maxLength": 64}, "Only tasks in this status (need_human)."),),
+    params=(
+        Param("status", {"type": "string", "maxLength": 128}, "Only tasks in this status (need_human)."),
+        Param("applicant_id", {"type": "string", "maxLength": 128}, "Only this applicant's tasks."),
+        Param("final_level", {"enum": ["P", "G", "O"]}, "Only tasks of this AI level."),
+        Param("created_before_ms", _EPOCH, "Only tasks created before this time (epoch ms): an age."),
+        Param(
+            "after", {"type": "string", "pattern": CURSOR_PATTERN}, "The next cursor of the previous page."
+        ),
+        Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "At most this many (all)."),
+    ),
     tag="review",
 )
 DECIDE = Operation(

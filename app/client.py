@@ -168,7 +168,8 @@ class AvccClient:
         return self._ok("GET", url, answer)
 
     def record_counts(self) -> dict[str, int]:
-        """Records by status among the partitions the answering code worker holds."""
+        """Records by status over every record partition (summed over the code replicas that
+        answered: ``GET /v1/avcc/record-counts``)."""
         url = self.base_url + RECORD_COUNTS.path
         answer, _ = self._call("GET", url, None)
         counts = self._ok("GET", url, answer).get("counts", {})

@@ -14,6 +14,7 @@ from schemas.types import (
     NonBlankStr,
     RecordId,
     Sha256Ref,
+    WholeNumber,
 )
 
 __all__ = ["AiToolInfo", "ApplyCreated"]
@@ -36,7 +37,7 @@ class ApplyCreated(ContractModel):
     content_hash: Sha256Ref
     ai_tool_info: AiToolInfo
     #: 0 (lowest) .. 9 (highest).
-    priority: Annotated[int, Field(ge=0, le=9)]
+    priority: Annotated[int, Field(ge=0, le=9), WholeNumber]
     title: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
     applicant_id: Identifier | None = None
     media_type: MediaType | None = None

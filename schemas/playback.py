@@ -14,6 +14,7 @@ from schemas.types import (
     PlaybackEventType,
     Sha256Ref,
     Token,
+    WholeNumber,
 )
 
 __all__ = ["MAX_DURATION_SEC", "PlaybackEvent"]
@@ -30,7 +31,7 @@ class PlaybackEvent(ContractModel):
     #: sha256 of the platform's user id (never the id itself).
     user_hash: Sha256Ref
     event_type: PlaybackEventType
-    duration_sec: Annotated[int, Field(ge=0, le=MAX_DURATION_SEC)]
+    duration_sec: Annotated[int, Field(ge=0, le=MAX_DURATION_SEC), WholeNumber]
     #: Exact CNY, >= 0; written as a ``"0.00"`` string.
     revenue_cny: NonNegativeMoney
     #: The platform's own id of the event, when it supplies one.

@@ -11,6 +11,7 @@ from uuid import UUID
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -23,6 +24,7 @@ from pydantic_core import PydanticCustomError
 __all__ = [
     "ADDRESS_PATTERN",
     "CENT",
+    "EXACT_FLOAT_INT",
     "IDENTIFIER_PATTERN",
     "MAX_EPOCH_MS",
     "MA_CODE_PATTERN",
@@ -33,6 +35,7 @@ __all__ = [
     "SHA256_PATTERN",
     "SOURCE_PATTERN",
     "TX_HASH_PATTERN",
+    "WHITESPACE_CLASS",
     "Address",
     "AnomalyRule",
     "BlockHeight",
@@ -57,6 +60,7 @@ __all__ = [
     "SourceName",
     "Token",
     "TxHash",
+    "WholeNumber",
     "format_money",
     "parse_money",
 ]
@@ -70,7 +74,11 @@ MA_CODE_PATTERN: Final = r"^MA\.156\.[0-9]{1,10}\.[0-9]{1,10}/[A-Za-z0-9._-]{1,1
 IDENTIFIER_PATTERN: Final = r"^[A-Za-z0-9_.:-]+$"
 SOURCE_PATTERN: Final = r"^[a-z][a-z0-9-]{0,63}$"
 PLATFORM_NODE_PATTERN: Final = r"^[0-9]{1,16}$"
-_NOT_BLANK_PATTERN: Final = r"\S"
+#: Unicode ``White_Space``, spelled out: ``\s`` differs between the regex engines that read these
+#: patterns (Python's ``re`` adds U+001C-U+001F, ECMA-262 drops U+0085 and adds U+FEFF), so the
+#: models and the published schemas name the 25 characters themselves.
+WHITESPACE_CLASS: Final = r"\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_NOT_BLANK_PATTERN: Final = f"[^{WHITESPACE_CLASS}]"
 _TOKEN_PATTERN: Final = r"^[!-~]+$"
 
 #: Human reason for each pattern, used when a value fails to match it.
@@ -115,8 +123,8 @@ NonBlankStr = Annotated[str, StringConstraints(min_length=1, max_length=128, pat
 Token = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=_TOKEN_PATTERN)]
 
 _CONTENT_URL = re.compile(
-    r"(?:s3|oss|https?)://[^\s/?#@\x00-\x1f\x7f]+/[^\s\x00-\x1f\x7f]+"
-    r"|ipfs://[^\s/?#@\x00-\x1f\x7f]+(?:/[^\s\x00-\x1f\x7f]*)?"
+    rf"(?:s3|oss|https?)://[^{WHITESPACE_CLASS}/?#@\x00-\x1f\x7f]+/[^{WHITESPACE_CLASS}\x00-\x1f\x7f]+"
+    rf"|ipfs://[^{WHITESPACE_CLASS}/?#@\x00-\x1f\x7f]+(?:/[^{WHITESPACE_CLASS}\x00-\x1f\x7f]*)?"
 )
 
 
@@ -146,11 +154,28 @@ ContentUrl = Annotated[
 
 # --- integers ---------------------------------------------------------------------------------
 
+#: Largest integer every JSON number with a fraction or an exponent still states exactly.
+EXACT_FLOAT_INT: Final = 2**53
+
+
+def _whole_number(value: object) -> object:
+    """A JSON number written with a zero fraction or an exponent (``5.0``, ``1e3``) as the integer
+    it is: JSON Schema counts it as an integer, so the models do too. Beyond 2**53 such a number
+    no longer states its digits exactly and stays refused (write the integer's digits)."""
+    if type(value) is float and value.is_integer() and abs(value) <= EXACT_FLOAT_INT:
+        return int(value)
+    return value
+
+
+#: Marks an ``int`` field as a JSON integer or a JSON number with a zero fraction up to 2**53;
+#: put it after the field's bounds (``Annotated[int, Field(ge=0), WholeNumber]``), so the bounds
+#: stay in the published schema.
+WholeNumber: Final = BeforeValidator(_whole_number)
 #: A database id: 1 .. 2**63-1 (a JSON integer on the wire).
-RecordId = Annotated[int, Field(ge=1, le=_INT63_MAX)]
-BlockHeight = Annotated[int, Field(ge=0, le=_INT63_MAX)]
+RecordId = Annotated[int, Field(ge=1, le=_INT63_MAX), WholeNumber]
+BlockHeight = Annotated[int, Field(ge=0, le=_INT63_MAX), WholeNumber]
 #: Epoch milliseconds between 2000-01-01 and 2100-01-01 (UTC).
-EpochMillis = Annotated[int, Field(ge=MIN_EPOCH_MS, lt=MAX_EPOCH_MS)]
+EpochMillis = Annotated[int, Field(ge=MIN_EPOCH_MS, lt=MAX_EPOCH_MS), WholeNumber]
 #: A review score: a finite JSON number in [0, 100].
 Score = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
 
@@ -197,13 +222,20 @@ CENT: Final = Decimal("0.01")
 MONEY_LIMIT: Final = Decimal(10**12)
 _ZERO: Final = Decimal("0.00")
 _MONEY_TEXT = re.compile(r"-?[0-9]{1,12}(?:\.[0-9]{1,2})?")
-_PLACES_REASON: Final = "float-rounded money: use at most 2 decimal places"
+_WHOLE_NUMBER_REASON: Final = (
+    "a JSON number amount must be whole (12 or 12.0): give cents as a decimal string like '12.50'"
+)
 
 
 def parse_money(value: object) -> Decimal:
-    """Exact amount from an int, a ``"12.50"`` string, a float with <= 2 decimals or a Decimal.
+    """Exact amount from an int, a ``"12.50"`` string, a whole float (``12.0``) or a Decimal.
 
-    Raises ``PydanticCustomError`` (inside validation it becomes a field error).
+    A JSON number is a binary float: ``0.07`` is not 7 cents but the double nearest to it, and no
+    JSON Schema validator can tell how many decimals it was written with (``multipleOf: 0.01``
+    refuses 0.07, 0.14, 1.1 and about one amount in six). So amounts with cents travel as decimal
+    strings, and a JSON number must be whole: a rule the published schemas state (``integer``),
+    so partners' validators and the pipeline agree. Raises ``PydanticCustomError`` (inside
+    validation it becomes a field error).
     """
     if isinstance(value, bool):
         raise PydanticCustomError("money_type", "must be a number or a decimal string like '12.50'")
@@ -221,10 +253,9 @@ def parse_money(value: object) -> Decimal:
             raise PydanticCustomError("money_finite", "must be a finite amount")
         if abs(value) >= 1e12:
             raise PydanticCustomError("money_range", "must be below 10**12 in absolute value")
-        text = repr(value)
-        if "e" in text or len(text.partition(".")[2]) > 2:
-            raise PydanticCustomError("money_places", _PLACES_REASON)
-        amount = Decimal(text)
+        if not value.is_integer():
+            raise PydanticCustomError("money_places", _WHOLE_NUMBER_REASON)
+        amount = Decimal(int(value))
     elif isinstance(value, Decimal):
         if not value.is_finite():
             raise PydanticCustomError("money_finite", "must be a finite amount")
@@ -252,20 +283,23 @@ def format_money(amount: Decimal) -> str:
 
 
 _MONEY_SERIALIZER: Final = PlainSerializer(format_money, return_type=str, when_used="json")
-_MONEY_NOTE: Final = "exact CNY: a decimal string like '12.50' or a JSON number, at most 2 decimal places"
-#: JSON Schema of the two money types (the 2-decimal rule of JSON numbers is stated, not expressible).
+_MONEY_NOTE: Final = (
+    "exact CNY: a decimal string with at most 2 decimal places like '12.50', or a whole JSON number "
+    "(12 or 12.0; a JSON number cannot carry cents exactly)"
+)
+#: JSON Schema of the two money types: every rule of :func:`parse_money` stated.
 _MONEY_SCHEMA: Final = {
     "description": _MONEY_NOTE,
     "anyOf": [
         {"type": "string", "pattern": f"^{_MONEY_TEXT.pattern}$"},
-        {"type": "number", "exclusiveMinimum": -(10**12), "exclusiveMaximum": 10**12},
+        {"type": "integer", "exclusiveMinimum": -(10**12), "exclusiveMaximum": 10**12},
     ],
 }
 _NON_NEGATIVE_MONEY_SCHEMA: Final = {
     "description": _MONEY_NOTE + ", >= 0",
     "anyOf": [
         {"type": "string", "pattern": r"^(?:[0-9]{1,12}(?:\.[0-9]{1,2})?|-0{1,12}(?:\.0{1,2})?)$"},
-        {"type": "number", "minimum": 0, "exclusiveMaximum": 10**12},
+        {"type": "integer", "minimum": 0, "exclusiveMaximum": 10**12},
     ],
 }
 

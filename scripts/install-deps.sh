@@ -12,7 +12,8 @@
 #   3. Apache Kafka's jars from Maven Central, pinned by coordinates and SHA-256, into the user
 #      cache (app.servers.kafka_libs.ensure_kafka_libs; $AVCC_KAFKA_LIBS_DIR to move it).
 #   4. npm packages, `npm ci` from their lock files, each in its own folder: deploy/contracts
-#      (the AsyncAPI reference parser) and deploy/chain (ganache and solc).
+#      (the AsyncAPI reference parser), tests/unit/contracts/ajv (ajv, the JSON Schema validator
+#      the schema-agreement test runs) and deploy/chain (ganache and solc).
 #
 # Environment: PYTHON (interpreter for the venv, default python3), EXTRAS (pip extras of the
 # package, default dev; none for the runtime only), SKIP_APT=1, SKIP_KAFKA=1, SKIP_NPM=1.
@@ -130,6 +131,7 @@ if [ "${SKIP_NPM:-0}" = 1 ]; then
     log "SKIP_NPM=1: not installing npm packages"
 else
     npm_ci deploy/contracts "@asyncapi/parser" --ignore-scripts
+    npm_ci tests/unit/contracts/ajv "ajv, ajv-formats" --ignore-scripts
     npm_ci deploy/chain "ganache, solc"
 fi
 

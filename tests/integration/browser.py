@@ -22,7 +22,6 @@ __all__ = [
     "in_ci",
     "in_one_document",
     "playwright",
-    "without_refresh",
 ]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -90,16 +89,3 @@ async def in_one_document(page: Any, script: str, arg: Any = None, attempts: int
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
-
-
-async def without_refresh(page: Any, pattern: str) -> None:
-    """Serve the pages matching ``pattern`` without their ``<meta http-equiv='refresh'>``, for a
-    test that clicks through one (a reload between the click and the check closes what the click
-    opened); the refresh itself is tested where it is the point."""
-
-    async def strip(route: Any) -> None:
-        response = await route.fetch()
-        body = (await response.text()).replace("http-equiv='refresh'", "data-refresh-removed")
-        await route.fulfill(response=response, body=body)
-
-    await page.route(pattern, strip)

@@ -1,4 +1,4 @@
-"""The ops console's lag page in a real headless Chromium: rows, status colours, alert, live refresh."""
+"""The ops console's lag page in a real headless Chromium: rows, status colours, alert, live updates."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ VENV_BIN = Path(sys.executable).parent
 #: whether the alert is shown, the first STOP badge's colour and the group's summary row.
 SNAPSHOT = """
 g => {
-  const rows = [...document.querySelectorAll('#lag tbody tr')].filter(r => r.cells[0].textContent === g);
+  const rows = [...document.querySelectorAll(`details[data-group='${g}'] table.lag tbody tr`)];
   const alert = document.querySelector("div.alert[data-rule='UiApplyLag']");
   const badge = rows.length ? rows[0].querySelector('span.s') : null;
   const summary = document.querySelector(`#groups tr[data-group='${g}']`);
   return {
-    rows: rows.map(r => [r.dataset.status, r.cells[5].textContent]),
+    rows: rows.map(r => [r.dataset.status, r.cells[4].textContent]),
     alert_visible: alert !== null && alert.checkVisibility(),
     colour: badge === null ? null : getComputedStyle(badge).backgroundColor,
     summary_status: summary === null ? null : summary.dataset.status,
@@ -148,14 +148,13 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
                 consumer.close()
                 assert got == 1500
 
-                # The page refreshes itself (meta refresh): the alert goes away, rows turn OK.
+                # The page updates itself in place: the alert goes away, rows turn OK.
                 await page.wait_for_selector(
                     "div.alert[data-rule='UiApplyLag']", state="detached", timeout=30_000
                 )
                 await page.wait_for_function(
-                    "g => [...document.querySelectorAll('#lag tbody tr')]"
-                    ".filter(r => r.cells[0].textContent === g)"
-                    ".every(r => r.dataset.status === 'OK' && r.cells[5].textContent === '0')",
+                    "g => [...document.querySelectorAll(`details[data-group='${g}'] table.lag tbody tr`)]"
+                    ".every(r => r.dataset.status === 'OK' && r.cells[4].textContent === '0')",
                     arg=group,
                     timeout=30_000,
                 )

@@ -22,7 +22,7 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
-from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, playwright, without_refresh
+from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, playwright
 from tests.integration.stack import API_KEY, API_SECRET, CORE_GROUPS, Stack, application, record_when
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(400)]
@@ -115,16 +115,14 @@ async def test_overview_and_workbench_decide_a_need_human_application(
             await page.screenshot(path=str(tmp_path / "console-home.png"), full_page=True)
             shutil.copy(tmp_path / "console-home.png", "/tmp/console-home.png")
 
-            # Lag page: one row per group first, partitions folded below (the page reloads every
-            # second, closing what a click opened: served here without its refresh, which
-            # test_console_browser tests).
-            await without_refresh(page, "**/lag")
+            # Lag page: one row per group, its partitions folded in the row.
             await page.goto(f"{base}/lag")
             assert await page.locator("meta[http-equiv='refresh']").count() == 0
             assert await page.locator("#groups tr[data-group='avcc-code']").count() == 1
-            assert not await page.locator("#lag").is_visible()
-            await page.locator("#partitions summary").click()
-            assert await page.locator("#lag").is_visible()
+            partitions = page.locator("details[data-group='avcc-code']")
+            assert not await partitions.locator("table.lag").is_visible()
+            await partitions.locator("summary").click()
+            assert await partitions.locator("table.lag").is_visible()
 
             # Workbench: the evidence is shown; approve one task from its form.
             await goto_past_refresh(page, f"{base}/review")

@@ -27,10 +27,8 @@ __all__ = [
     "RecentRecords",
     "recent_records",
     "render_recent_records",
-    "status_counts",
 ]
 
-#: The code worker's signed route answering :func:`status_counts` (the console's records by status).
 #: Rows the page shows.
 SHOWN: Final = 200
 #: Stored values read at most per request.
@@ -85,30 +83,6 @@ async def recent_records(
         except ValueError:  # a value this version cannot read: leave it off the page
             continue
     return RecentRecords(states, scanned, truncated)
-
-
-async def status_counts(
-    raw_values: Iterable[bytes], *, scan_limit: int = SCAN_LIMIT * 20, slice_size: int = SLICE
-) -> tuple[dict[str, int], bool]:
-    """Records by status among the first ``scan_limit`` stored values (raw :class:`RecordState`
-    JSON), yielding to the event loop every ``slice_size`` values; and whether it stopped early."""
-    values = iter(raw_values)
-    counts: dict[str, int] = {}
-    scanned = 0
-    while scanned < scan_limit:
-        chunk = list(islice(values, min(slice_size, scan_limit - scanned)))
-        if not chunk:
-            return counts, False
-        for raw in chunk:
-            scanned += 1
-            try:
-                status = orjson.loads(raw).get("status") if raw else None
-            except (orjson.JSONDecodeError, AttributeError):
-                status = None
-            if isinstance(status, str):
-                counts[status] = counts.get(status, 0) + 1
-        await asyncio.sleep(0)
-    return counts, next(values, None) is not None
 
 
 def _row(s: RecordState) -> str:

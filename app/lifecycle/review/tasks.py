@@ -48,6 +48,12 @@ class ReviewTask(BaseModel):
     report_hash: str
     content_hash: str | None = None
     applicant_id: str | None = None
+    #: What the reviewer looks at, from the application (``None`` on tasks made before they were kept).
+    title: str | None = None
+    content_url: str | None = None
+    ai_tool_info: dict[str, str] | None = None
+    #: When the application was accepted (its ``apply.created`` event), epoch ms.
+    submitted_ms: int | None = None
     reviewer: str | None = None
     decided_by_key: str | None = None
     reason: str | None = None
@@ -108,6 +114,10 @@ def review_created(
         report_hash=outcome.report_hash,
         content_hash=p.content_hash,
         applicant_id=p.applicant_id,
+        title=p.title,
+        content_url=p.content_url,
+        ai_tool_info=p.ai_tool_info.model_dump(),
+        submitted_ms=envelope.timestamp,
         created_ms=now,
         decided_ms=None if outcome.decision == "need_human" else now,
         seen=_seen(None, str(envelope.event_id), now),

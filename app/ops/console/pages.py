@@ -1,4 +1,4 @@
-"""Console HTML: the overview (home page) and the human review workbench.
+"""Console HTML: the overview (home page); the workbench is :mod:`app.ops.console.workbench`.
 
 Server-rendered, readable without JavaScript; charts are inline SVG (:mod:`app.ops.console.charts`).
 Every value from a worker, a record or a report is escaped.
@@ -7,34 +7,22 @@ Every value from a worker, a record or a report is escaped.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
-
-import orjson
+from typing import Any
 
 from app.ops.console.charts import sparkline
 from app.ops.console.groups import groups_table, rate_text
 from app.ops.console.rates import OffsetHistory, rate_series
+from app.ops.console.workbench import ROUTE_REVIEW
 from app.ops.dlq.entries import STATUSES as DLQ_STATUSES
 from app.ops.dlq.pages import ROUTE_LIST as ROUTE_DLQ
 from app.ops.dlq.pages import page
 from app.ops.lag.monitor import LagReport
-from schemas.types import FinalLevel
 
-__all__ = [
-    "RECORD_STATUSES",
-    "ROUTE_DECIDE",
-    "ROUTE_HOME",
-    "ROUTE_REVIEW",
-    "Overview",
-    "overview_html",
-    "workbench_html",
-]
+__all__ = ["RECORD_STATUSES", "ROUTE_HOME", "Overview", "overview_html"]
 
 ROUTE_HOME = "/"
-ROUTE_REVIEW = "/review"
-ROUTE_DECIDE = "/review/{avcc_record_id:\\d+}/decision"
 #: The record statuses the overview always lists (others the code workers report are added).
 RECORD_STATUSES = ("submitted", "need_human", "approved", "issued", "rejected", "chain_failed")
 
@@ -51,6 +39,10 @@ class Overview:
     records: Mapping[str, int] | None
     anomalies: Sequence[Mapping[str, Any]] = ()
     errors: Mapping[str, str] = field(default_factory=dict)
+    #: The code replicas behind ``records`` (``url``, ``partitions``, ``answered``, ``error``).
+    record_replicas: Sequence[Mapping[str, Any]] = ()
+    #: Record partitions no replica counted (a silent replica's, or ones without an owner yet).
+    missing_partitions: Sequence[int] = ()
 
 
 def _topics(history: OffsetHistory) -> str:
@@ -94,6 +86,42 @@ def _counts(
     return f"<section><h2>{_e(title)}</h2><table id='{table_id}'><tbody>{cells}</tbody></table></section>"
 
 
+def _numbers(values: Iterable[Any]) -> str:
+    return ", ".join(str(int(v)) for v in values)
+
+
+def _record_sources(overview: Overview) -> str:
+    """Under records by status: which code replicas answered for which partitions, and each one
+    that did not, with the partitions whose records are therefore not counted."""
+    if overview.records is None:
+        return ""
+    parts = []
+    answered = [r for r in overview.record_replicas if r.get("answered")]
+    silent = [r for r in overview.record_replicas if not r.get("answered")]
+    for replica in silent:
+        held = _numbers(replica.get("partitions", ()))
+        reason = f" ({replica['error']})" if replica.get("error") else ""
+        parts.append(
+            f"<p class='flash error replica-missing' data-replica='{_e(str(replica.get('url')))}' "
+            f"data-partitions='{_e(held)}'>code replica {_e(str(replica.get('url')))} did not "
+            f"answer{_e(reason)}: the records of its partitions {_e(held)} are not counted</p>"
+        )
+    held_by_silent = {int(p) for r in silent for p in r.get("partitions", ())}
+    unowned = [p for p in overview.missing_partitions if int(p) not in held_by_silent]
+    if unowned:
+        parts.append(
+            f"<p class='flash error' id='records-unowned' data-partitions='{_numbers(unowned)}'>"
+            f"partitions {_numbers(unowned)} have no owner yet (the code group is rebalancing): "
+            "their records are not counted</p>"
+        )
+    if answered:
+        sources = "; ".join(
+            f"{_e(str(r.get('url')))} ({_numbers(r.get('partitions', ()))})" for r in answered
+        )
+        parts.append(f"<p class='muted' id='records-sources'>Counted by {sources}.</p>")
+    return "".join(parts)
+
+
 def _anomalies(overview: Overview) -> str:
     items = []
     for state in overview.report.active_alerts if overview.report else ():
@@ -123,53 +151,10 @@ def overview_html(overview: Overview, user: str) -> str:
     parts.append(_topics(overview.history))
     parts.append("<div class='cols'>")
     review = {"need_human": ROUTE_REVIEW}
-    parts.append(_counts("records", "Records by status", overview.records, RECORD_STATUSES, review))
+    records = _counts("records", "Records by status", overview.records, RECORD_STATUSES, review)
+    parts.append(records.removesuffix("</section>") + _record_sources(overview) + "</section>")
     dlq_links: dict[str, str] = {s: f"{ROUTE_DLQ}?status={s}" for s in DLQ_STATUSES}
     parts.append(_counts("dlq", "Dead letters by status", overview.dlq_counts, DLQ_STATUSES, dlq_links))
     parts.append("</div>")
     parts.append(_anomalies(overview))
     return page("Pipeline overview", "".join(parts), user)
-
-
-def _task_row(task: Mapping[str, Any], token: str) -> str:
-    record_id = int(task["avcc_record_id"])
-    report = orjson.dumps(task.get("report", {}), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
-    levels = "".join(f'<option value="{lv}">{lv}</option>' for lv in get_args(FinalLevel))
-    action = ROUTE_DECIDE.replace("{avcc_record_id:\\d+}", str(record_id))
-    return (
-        f'<tr data-record="{record_id}"><td>{record_id}</td>'
-        f"<td>{_e(str(task.get('applicant_id') or ''))}</td>"
-        f"<td class='n'>{_e(str(task.get('overall_score')))}</td><td>{_e(str(task.get('final_level')))}</td>"
-        f"<td><code>{_e(str(task.get('report_hash')))}</code>"
-        f"<details><summary>report (rule hits, scores)</summary><pre>{_e(report)}</pre></details></td>"
-        f'<td><form method="post" action="{action}" class="decide">'
-        f'<input type="hidden" name="form_token" value="{_e(token)}">'
-        f'<label>level <select name="final_level">{levels}</select></label> '
-        f'<label>reason <input name="reason" required maxlength="500"></label> '
-        '<button name="decision" value="approve" type="submit">Approve</button> '
-        '<button name="decision" value="reject" type="submit">Reject</button></form></td></tr>'
-    )
-
-
-def workbench_html(
-    tasks: Sequence[Mapping[str, Any]] | None, token: str, user: str, *, flash: str = "", error: str = ""
-) -> str:
-    """``GET /review``: every ``need_human`` task with its evidence and an approve/reject form."""
-    parts = []
-    if flash:
-        parts.append(f"<p class='flash' id='flash'>{_e(flash)}</p>")
-    if error:
-        parts.append(f"<p class='flash error' id='error'>{_e(error)}</p>")
-    if tasks is None:
-        parts.append("<p>The review workers could not be asked for tasks.</p>")
-    elif not tasks:
-        parts.append("<p id='no-tasks'>No task waits for a human reviewer.</p>")
-    else:
-        parts.append(
-            f"<p>Decisions are recorded with your name ({_e(user)}) as reviewer.</p>"
-            "<table id='tasks'><thead><tr><th>record</th><th>applicant</th><th>score</th><th>AI level</th>"
-            "<th>evidence</th><th>decision</th></tr></thead><tbody>"
-            + "".join(_task_row(t, token) for t in tasks)
-            + "</tbody></table>"
-        )
-    return page("Human review", "".join(parts), user)

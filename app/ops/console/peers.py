@@ -7,6 +7,7 @@ nonce) applies to it too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -36,8 +37,11 @@ class Peers:
         key = self.config.signing_key(self.settings)
         return key[0] if key else None
 
-    async def call(self, group: str, method: str, path_qs: str, body: Any = None) -> tuple[int, Any]:
-        """``(status, decoded JSON)`` of one signed request to ``group``'s worker."""
+    async def call(
+        self, group: str, method: str, path_qs: str, body: Any = None, *, base: str | None = None
+    ) -> tuple[int, Any]:
+        """``(status, decoded JSON)`` of one signed request to ``group``'s worker (the configured
+        one, or the replica at ``base``)."""
         key = self.config.signing_key(self.settings)
         if key is None:
             raise PeerError("no console API key: set AVCC_CONSOLE_KEY_ID to a key of AVCC_HMAC_KEYS")
@@ -45,7 +49,8 @@ class Peers:
         headers = sign_request(method, path_qs, data, key[0], key[1])
         if body is not None:
             headers["Content-Type"] = "application/json"
-        url = self.config.peer_url(self.settings, group) + path_qs
+        base = (base or self.config.peer_url(self.settings, group)).rstrip("/")
+        url = base + path_qs
         timeout = aiohttp.ClientTimeout(total=self.config.peer_timeout_s)
         try:
             async with (
@@ -55,16 +60,26 @@ class Peers:
                 raw = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            base = self.config.peer_url(self.settings, group)
             raise PeerError(f"{group} worker at {base} unreachable ({type(exc).__name__})") from exc
         try:
             return status, orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError as exc:
             raise PeerError(f"{group} worker answered {status} with non-JSON") from exc
 
-    async def get_ok(self, group: str, path_qs: str) -> Any:
+    async def get_ok(self, group: str, path_qs: str, *, base: str | None = None) -> Any:
         """The JSON body of a ``GET`` that must answer 200."""
-        status, body = await self.call(group, "GET", path_qs)
+        status, body = await self.call(group, "GET", path_qs, base=base)
         if status != 200:
             raise PeerError(f"{group} worker answered {status}: {body}")
         return body
+
+    async def get_from_any(self, group: str, path_qs: str, replicas: Sequence[str]) -> Any:
+        """The JSON body of a ``GET`` answered 200 by the configured worker of ``group`` or, when
+        it does not, by the first of ``replicas`` (other base URLs of the group) that does."""
+        failures: list[str] = []
+        for base in [None, *replicas]:
+            try:
+                return await self.get_ok(group, path_qs, base=base)
+            except PeerError as exc:
+                failures.append(str(exc))
+        raise PeerError("; ".join(failures))

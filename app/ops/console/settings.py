@@ -30,7 +30,12 @@ class ConsoleSettings(BaseSettings):
         "else the workbench and record counts are unavailable.",
     )
     review_url: str = Field("", description="Base URL of a review worker; empty: `AVCC_WEB_HOST` + its port.")
-    code_url: str = Field("", description="Base URL of a code worker; empty: `AVCC_WEB_HOST` + its port.")
+    code_url: str = Field(
+        "",
+        description="Base URL of any code replica (each answers records by status for every "
+        "replica); when it does not answer, the replicas its last answer named are asked. Empty: "
+        "`AVCC_WEB_HOST` + its port.",
+    )
     sink_url: str = Field("", description="Base URL of a sink worker; empty: `AVCC_WEB_HOST` + its port.")
     peer_timeout_s: float = Field(5.0, description="Time limit of one call to another worker.")
     form_token_ttl_s: int = Field(3600, description="How long a workbench form's CSRF token stays valid.")

@@ -10,26 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlencode
 
 import faust
 from aiohttp import web
 
-from app.api import ANOMALIES, DECIDE, RECORD_COUNTS, TASKS
+from app.api import ANOMALIES, DECIDE, RECORD_COUNTS
 from app.ops.console.csrf import FormTokens
-from app.ops.console.pages import (
-    ROUTE_DECIDE,
-    ROUTE_HOME,
-    ROUTE_REVIEW,
-    Overview,
-    overview_html,
-    workbench_html,
-)
+from app.ops.console.pages import ROUTE_HOME, Overview, overview_html
 from app.ops.console.peers import PeerError, Peers
 from app.ops.console.rates import OffsetHistory
 from app.ops.console.settings import ConsoleSettings
+from app.ops.console.workbench import ROUTE_DECIDE, ROUTE_REVIEW, WorkbenchQuery, workbench_html
 from app.ops.dlq.console import DlqConsole, Handler, faust_view
 from app.ops.dlq.entries import DlqError
 from app.ops.lag.monitor import LagMonitor
@@ -38,7 +32,6 @@ __all__ = ["ConsoleHome", "install_home"]
 
 log = logging.getLogger(__name__)
 
-_TASKS = f"{TASKS.path}?status=need_human"
 _ANOMALIES = f"{ANOMALIES.path}?limit=10"
 _PAST = {"approve": "approved", "reject": "rejected"}
 
@@ -59,6 +52,8 @@ class ConsoleHome:
         self.monitor = monitor
         self.peers = Peers(dlq.settings, self.config)
         self.tokens = tokens if tokens is not None else FormTokens(ttl_s=self.config.form_token_ttl_s)
+        #: The code replicas the last record counts named: asked when the configured one is away.
+        self.code_replicas: list[str] = []
 
     async def _peer(self, group: str, path: str, errors: dict[str, str]) -> Any:
         try:
@@ -67,11 +62,24 @@ class ConsoleHome:
             errors[group] = str(exc)
             return None
 
+    async def _record_counts(self, errors: dict[str, str]) -> Any:
+        """Records by status from any code replica (each merges every replica's counts): the
+        configured one, else a replica the group's assignment named in an earlier answer."""
+        configured = self.config.peer_url(self.peers.settings, "code")
+        others = [url for url in self.code_replicas if url != configured]
+        try:
+            answer = await self.peers.get_from_any("code", RECORD_COUNTS.path, others)
+        except PeerError as exc:
+            errors["code"] = str(exc)
+            return None
+        self.code_replicas = [str(r["url"]) for r in answer.get("replicas", ()) if r.get("url")]
+        return answer
+
     async def home(self, request: web.Request, user: str) -> web.StreamResponse:
         """``GET /``."""
         errors: dict[str, str] = {}
         counts, anomalies = await asyncio.gather(
-            self._peer("code", RECORD_COUNTS.path, errors), self._peer("sink", _ANOMALIES, errors)
+            self._record_counts(errors), self._peer("sink", _ANOMALIES, errors)
         )
         try:
             dlq_counts: Mapping[str, int] | None = self.dlq.store.counts()
@@ -83,32 +91,37 @@ class ConsoleHome:
             history=monitor.history if monitor else OffsetHistory(),
             dlq_counts=dlq_counts,
             records=counts["counts"] if counts else None,
+            record_replicas=counts.get("replicas", ()) if counts else (),
+            missing_partitions=counts.get("missing_partitions", ()) if counts else (),
             anomalies=anomalies["anomalies"] if anomalies else (),
             errors=errors,
         )
         return web.Response(text=overview_html(overview, user), content_type="text/html")
 
     async def review(self, request: web.Request, user: str) -> web.StreamResponse:
-        """``GET /review``."""
-        return await self._workbench(user, flash=request.query.get("done", ""))
+        """``GET /review?applicant=&level=&waiting=&after=``."""
+        query = WorkbenchQuery.from_mapping(request.query)
+        return await self._workbench(user, query, flash=request.query.get("done", ""))
 
     async def _workbench(
-        self, user: str, *, flash: str = "", error: str = "", status: int = 200
+        self, user: str, query: WorkbenchQuery, *, flash: str = "", error: str = "", status: int = 200
     ) -> web.Response:
         errors: dict[str, str] = {}
-        listing = await self._peer("review", _TASKS, errors)
-        tasks = listing["tasks"] if listing else None
+        path = query.tasks_path(time.time_ns() // 1_000_000)
+        listing = await self._peer("review", path, errors)
         error = "; ".join(filter(None, [error, errors.get("review", "")]))
-        text = workbench_html(tasks, self.tokens.issue(user), user, flash=flash, error=error)
+        text = workbench_html(listing, self.tokens.issue(user), user, query, flash=flash, error=error)
         return web.Response(text=text, status=status, content_type="text/html")
 
     async def decide(self, request: web.Request, user: str) -> web.StreamResponse:
         """``POST /review/{id}/decision``: form fields decision, final_level, reason, form_token."""
         form = await request.post()
+        back = form.get("back")
+        query = WorkbenchQuery.from_query_string(back if isinstance(back, str) else "")
         token = form.get("form_token")
         if not self.tokens.valid(user, token if isinstance(token, str) else None):
             refusal = "form expired or not from this console; reload the page and try again"
-            return await self._workbench(user, error=refusal, status=403)
+            return await self._workbench(user, query, error=refusal, status=403)
         record_id = int(request.match_info["avcc_record_id"])
         body = {
             "decision": str(form.get("decision") or ""),
@@ -121,13 +134,13 @@ class ConsoleHome:
                 "review", "POST", DECIDE.path.format(avcc_record_id=record_id), body
             )
         except PeerError as exc:
-            return await self._workbench(user, error=str(exc), status=502)
+            return await self._workbench(user, query, error=str(exc), status=502)
         if status != 202:
             message = answer.get("error", str(answer)) if isinstance(answer, dict) else str(answer)
-            return await self._workbench(user, error=f"record {record_id}: {message}", status=409)
+            return await self._workbench(user, query, error=f"record {record_id}: {message}", status=409)
         log.info("operator %s decided %s on record %s", user, body["decision"], record_id)
-        done = urlencode({"done": f"{_PAST.get(body['decision'], body['decision'])} record {record_id}"})
-        return web.Response(status=303, headers={"Location": f"{ROUTE_REVIEW}?{done}"})
+        done = f"{_PAST.get(body['decision'], body['decision'])} record {record_id}"
+        return web.Response(status=303, headers={"Location": query.link(after=query.after, done=done)})
 
     def routes(self) -> list[tuple[str, str, dict[str, Handler]]]:
         """``(name, path, {method: handler})`` of the console's own routes."""

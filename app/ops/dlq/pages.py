@@ -68,15 +68,22 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 .lagstatus{color:#fff;border-radius:3px;padding:0 .4rem;font-weight:600}
 .cols{display:flex;gap:2rem;flex-wrap:wrap}.cols table{width:auto;min-width:16rem}
 li.alert{color:#9b1c1c}form.decide{display:flex;gap:.4rem;flex-wrap:wrap;align-items:center}
+ul.hits{margin:0 0 .3rem;padding-left:1rem}li.hit{color:#9b1c1c}
+td.work{min-width:16rem;max-width:26rem;word-break:break-all}td.evidence{max-width:20rem;word-break:break-all}
+nav.pager{margin:1rem 0;font-weight:600}
+.s{color:#fff;border-radius:3px;padding:0 .4rem;font-weight:600}
+div.alert{background:#ffebe9;border:1px solid #d1242f;padding:.5rem;margin:.5rem 0}
+details.partitions summary{cursor:pointer}details.partitions table{margin:.3rem 0;width:auto}
 """
 
 
-def page(title: str, body: str, user: str | None = None) -> str:
-    """A whole console page: header with the operator, ``title`` and ``body`` (trusted HTML)."""
+def page(title: str, body: str, user: str | None = None, *, head: str = "") -> str:
+    """A whole console page: header with the operator, ``title`` and ``body`` (trusted HTML);
+    ``head`` (trusted) goes into ``<head>`` (the lag page's script)."""
     who = f'<span class="muted">operator: {_e(user)}</span>' if user else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)} · AVCC console</title><style>{_CSS}</style></head><body>"
+        f"<title>{_e(title)} · AVCC console</title><style>{_CSS}</style>{head}</head><body>"
         f'<header><nav><a href="/">AVCC console</a> · <a href="/review">review</a> · '
         f'<a href="{ROUTE_LIST}">dead-letter queue</a> · <a href="/lag">lag</a></nav>{who}</header>'
         f"<main><h1>{_e(title)}</h1>{body}</main></body></html>"

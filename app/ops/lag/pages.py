@@ -1,4 +1,4 @@
-"""Lag pages: the ``avcc lag`` table, the ``GET /lag`` HTML page and the ``GET /lag.json`` body."""
+"""Lag pages: the ``avcc lag`` table, the ``GET /lag`` console page and the ``GET /lag.json`` body."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.ops.console.groups import groups_table
+from app.ops.console.live import LIVE_SCRIPT_ROUTE
 from app.ops.console.rates import OffsetHistory
-from app.ops.lag.evaluation import STATUS_COLOURS
+from app.ops.dlq.pages import page
 from app.ops.lag.lifecycle import iso_time
 from app.ops.lag.monitor import LagEvaluator, LagReport
 from app.ops.lag.reader import OffsetReader
@@ -54,28 +55,13 @@ def format_lag_table(report: LagReport) -> str:
     return "\n".join(out)
 
 
-def render_lag_html(
-    report: LagReport | None, *, refresh_s: float = 5.0, history: OffsetHistory | None = None
-) -> str:
-    """The ``GET /lag`` page: active alerts on top, one row per group (status, total lag, trend
-    chart), then every partition folded below (status in colour)."""
+def _live_part(report: LagReport | None, history: OffsetHistory) -> str:
+    """What the lag page updates in place: snapshot time, alerts, errors, the groups table."""
     e = html.escape
-    head = (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<meta http-equiv='refresh' content='{max(1, int(refresh_s))}'>"
-        "<title>AVCC consumer lag</title><style>"
-        "body{font-family:system-ui,sans-serif;margin:1.5rem}table{border-collapse:collapse}"
-        "th,td{padding:.25rem .6rem;border-bottom:1px solid #ddd;text-align:left}"
-        "td.n{text-align:right;font-variant-numeric:tabular-nums}"
-        ".s{color:#fff;border-radius:3px;padding:0 .4rem;font-weight:600}"
-        ".alert{background:#ffebe9;border:1px solid #d1242f;padding:.5rem;margin:.5rem 0}"
-        "</style></head><body><h1>Consumer lag</h1>"
-    )
     if report is None:
-        return (
-            head + "<p id='empty'>No snapshot yet; the monitor takes its first one shortly.</p></body></html>"
-        )
-    parts = [head, f"<p>Snapshot at <time>{e(iso_time(report.taken_at))}</time></p>"]
+        return "<p id='empty'>No snapshot yet; the monitor takes its first one shortly.</p>"
+    taken = iso_time(report.taken_at)
+    parts = [f"<p>Snapshot at <time id='taken-at' datetime='{e(taken)}'>{e(taken)}</time></p>"]
     for state in report.active_alerts:
         parts.append(
             f"<div class='alert' data-rule='{e(state.rule.name)}'><b>{e(state.rule.name)}</b> "
@@ -84,25 +70,33 @@ def render_lag_html(
         )
     for group, message in sorted(report.errors.items()):
         parts.append(f"<div class='alert'>error {e(group)}: {e(message)}</div>")
-    parts.append(groups_table(report, history or OffsetHistory(), link_lag=False))
-    parts.append(
-        "<details id='partitions'><summary>Partitions</summary>"
-        "<table id='lag'><thead><tr><th>group</th><th>topic</th><th>partition</th><th>end</th>"
-        "<th>committed</th><th>lag</th><th>status</th></tr></thead><tbody>"
-    )
-    for topic in report.topics:
-        for p in topic.partitions:
-            o = p.offsets
-            committed = "-" if o.committed is None else str(o.committed)
-            parts.append(
-                f"<tr data-status='{p.status}'><td>{e(o.group)}</td><td>{e(o.topic)}</td>"
-                f"<td class='n'>{o.partition}</td><td class='n'>{o.end}</td><td class='n'>{committed}</td>"
-                f"<td class='n'>{o.lag}</td>"
-                f"<td><span class='s' style='background:{STATUS_COLOURS[p.status]}' "
-                f"title='{e(p.reason)}'>{p.status}</span></td></tr>"
-            )
-    parts.append("</tbody></table></details></body></html>")
+    parts.append(groups_table(report, history, link_lag=False, partitions=True))
     return "".join(parts)
+
+
+def render_lag_html(
+    report: LagReport | None,
+    *,
+    refresh_s: float = 5.0,
+    history: OffsetHistory | None = None,
+    user: str | None = None,
+) -> str:
+    """The ``GET /lag`` page, in the console's layout: active alerts on top, one row per group
+    (status, total lag, trend chart) whose partitions unfold in place. Its live part
+    (``#live``) is fetched again every ``refresh_s`` by the console's one script
+    (:data:`~app.ops.console.live.LIVE_SCRIPT_ROUTE`) and swapped in place, keeping what the
+    operator unfolded; without JavaScript the page reloads itself instead."""
+    every_ms = max(1000, int(refresh_s * 1000))
+    head = (
+        f'<script src="{LIVE_SCRIPT_ROUTE}" defer></script>'
+        f'<noscript><meta http-equiv="refresh" content="{max(1, round(refresh_s))}"></noscript>'
+    )
+    body = (
+        f"<p class='muted' id='live-status'>Updated in place every {every_ms / 1000:g} s; "
+        "what you unfold stays unfolded.</p>"
+        f"<div id='live' data-live-ms='{every_ms}'>{_live_part(report, history or OffsetHistory())}</div>"
+    )
+    return page("Consumer lag", body, user, head=head)
 
 
 def print_lag_table(settings: Settings, config: LagSettings | None = None) -> int:

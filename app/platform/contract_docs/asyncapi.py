@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel
 
 from app.platform.contract_docs.examples import load_examples
-from app.platform.contract_docs.json_schemas import envelope_schema
+from app.platform.contract_docs.json_schemas import envelope_schema, model_schema
 from app.platform.contracts import PAYLOAD_MODELS
 from app.platform.faust.app import consumer_group_id
 from app.platform.faust.runtime import HEADER_RETRY_ROUND
@@ -61,7 +61,7 @@ def _lift(schema: Mapping[str, Any]) -> Any:
 def _model_schemas(models: list[type[BaseModel]]) -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for model in models:
-        full = model.model_json_schema(mode="validation")
+        full = model_schema(model)
         for name, sub in full.get("$defs", {}).items():
             schemas[name] = _lift(sub)
         schemas[model.__name__] = _lift(full)

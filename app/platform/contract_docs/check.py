@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from app.platform.contract_docs.compat import GitRefError, compare_sets, schemas_at_ref
+from app.platform.contract_docs.acknowledged import acknowledgement
+from app.platform.contract_docs.compat import Break, GitRefError, compare_sets, schemas_at_ref
 from app.platform.contract_docs.generate import JSON_DIR, ROOT
 from app.platform.contract_docs.json_schemas import json_schema_files
 
@@ -14,7 +15,10 @@ __all__ = ["check_against"]
 
 
 def check_against(ref: str, root: Path = ROOT) -> int:
-    """Print the verdict; 0 compatible, 1 breaks found (one line each), 2 the ref cannot be read."""
+    """Print the verdict; 0 compatible, 1 breaks found (one line each), 2 the ref cannot be read.
+
+    Breaks listed in :mod:`app.platform.contract_docs.acknowledged` are printed with their
+    reason and do not fail the check."""
     try:
         old = schemas_at_ref(root, ref, JSON_DIR)
     except GitRefError as exc:
@@ -23,9 +27,14 @@ def check_against(ref: str, root: Path = ROOT) -> int:
     if old is None:
         click.echo(f"{ref} publishes no {JSON_DIR}: nothing to be compatible with")
         return 0
-    breaks = compare_sets(old, json_schema_files())
-    for item in breaks:
-        click.echo(f"incompatible: {item.line()}", err=True)
+    breaks: list[Break] = []
+    for item in compare_sets(old, json_schema_files()):
+        entry = acknowledgement(item)
+        if entry is None:
+            breaks.append(item)
+            click.echo(f"incompatible: {item.line()}", err=True)
+        else:
+            click.echo(f"acknowledged: {item.line()}: {entry.reason}")
     if breaks:
         click.echo(f"{len(breaks)} backward-incompatible change(s) against {ref}", err=True)
         return 1

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from app.platform.contract_docs.json_schemas import ENVELOPE_FILE
+from app.platform.contract_docs.json_schemas import END_OF_TEXT, ENVELOPE_FILE
 
 __all__ = ["Break", "GitRefError", "compare_documents", "compare_sets", "schemas_at_ref"]
 
@@ -86,6 +86,15 @@ def _covers(new: set[str] | None, old: set[str] | None) -> bool:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+def _exact(keyword: str, value: Any) -> Any:
+    """``value`` of an exact-match keyword in a canonical form: a pattern ending in
+    :data:`~app.platform.contract_docs.json_schemas.END_OF_TEXT` is the same ECMA-262 language
+    (JSON Schema's regex dialect) as the one ending in a bare ``$``."""
+    if keyword == "pattern" and isinstance(value, str) and value.endswith(END_OF_TEXT):
+        return value.removesuffix(END_OF_TEXT) + "$"
+    return value
 
 
 class _Comparison:
@@ -173,7 +182,7 @@ class _Comparison:
             if keyword in new and (keyword not in old or new[keyword] < old[keyword]):
                 self._add(path, "constraint narrowed", f"{keyword} {old.get(keyword)} -> {new[keyword]}")
         for keyword in _EXACT:
-            if keyword in new and new[keyword] != old.get(keyword):
+            if keyword in new and _exact(keyword, new[keyword]) != _exact(keyword, old.get(keyword)):
                 self._add(path, "constraint narrowed", f"{keyword} {old.get(keyword)!r} -> {new[keyword]!r}")
 
     def _object(self, old: Mapping[str, Any], new: Mapping[str, Any], path: str) -> None:

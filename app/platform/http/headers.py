@@ -6,7 +6,9 @@ console's Origin check, the click being a genuine same-origin POST). So every an
 
 * ``X-Frame-Options: DENY`` and ``Content-Security-Policy: ... frame-ancestors 'none'`` - never
   framed (the first for old browsers);
-* a CSP allowing nothing but the pages' inline styles and same-origin forms (no scripts at all);
+* a CSP allowing nothing but the pages' inline styles and same-origin forms (no scripts), except
+  on the lag page, whose policy adds same-origin scripts and fetches (:data:`LIVE_PAGE_POLICY`:
+  the console's one script, ``/console/live.js``, which keeps the numbers live);
 * ``X-Content-Type-Options: nosniff`` - a JSON or text body is never sniffed into HTML.
 
 Headers a view set itself are kept.
@@ -19,12 +21,18 @@ from typing import Final
 
 from aiohttp import web
 
-__all__ = ["CONTENT_SECURITY_POLICY", "SECURITY_HEADERS", "security_headers"]
+__all__ = ["CONTENT_SECURITY_POLICY", "LIVE_PAGE_POLICY", "SECURITY_HEADERS", "security_headers"]
 
 #: The pages use inline ``<style>`` and ``style=`` only; forms post to their own origin.
 CONTENT_SECURITY_POLICY: Final = (
     "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
+)
+#: The lag page's policy: the same, plus the console's one script and its fetch of the page,
+#: both from the worker's own origin (still no inline script, no other origin).
+LIVE_PAGE_POLICY: Final = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 SECURITY_HEADERS: Final = {
     "X-Frame-Options": "DENY",

@@ -10,10 +10,14 @@ new page cannot be exposed by forgetting a decorator.
 
 :class:`OperatorGuard` checks the ``Authorization`` header: Basic credentials decoded as UTF-8
 (browsers send UTF-8 when the challenge says ``charset="UTF-8"``), the password compared in
-constant time, and failed logins limited per client address and per user name
-(:class:`FailedLogins`): past the limit the guard answers 429 with ``Retry-After`` until the
-window has passed, even for the right password, so guessing stays slow. Every refusal of
-offered credentials is logged and counted in ``avcc_operator_login_failures_total{reason}``.
+constant time, and failed logins limited per client address and per client address + user
+name (:class:`FailedLogins`): past a limit the guard answers 429 with ``Retry-After`` until the
+window has passed, even for the right password, so guessing from one place stays slow. There is
+no limit per user name alone: failures from other addresses never lock an operator out (during
+an incident, someone hammering ``admin`` from elsewhere must not keep the people who have to act
+out of the console). An IPv6 client counts by its /64 (one host usually holds a whole /64).
+Every refusal of offered credentials, locked-out attempts included, is logged with the user name
+and address and counted in ``avcc_operator_login_failures_total{reason}``.
 :func:`operator_login` is the aiohttp middleware :func:`app.platform.faust.app.create_app`
 installs on every worker.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import time
 from collections import OrderedDict, deque
@@ -40,6 +45,7 @@ __all__ = [
     "REALM",
     "FailedLogins",
     "OperatorGuard",
+    "client_key",
     "is_open_route",
     "operator_login",
 ]
@@ -57,11 +63,14 @@ OPERATOR_ATTRIBUTE: Final = web.RequestKey("avcc_operator", str)
 #: One realm for every operator page, so a browser reuses the login across them.
 REALM: Final = "AVCC operator pages"
 
-#: Failed logins tolerated per client address / per user name within :data:`FAILURE_WINDOW_S`.
-MAX_FAILURES_PER_ADDRESS: Final = 10
-MAX_FAILURES_PER_USER: Final = 20
+#: Failed logins tolerated within :data:`FAILURE_WINDOW_S` per client address, whatever the user
+#: names (guessing or spraying names from one place), and per address + user name (one person
+#: mistyping, or one name guessed from one place).
+MAX_FAILURES_PER_ADDRESS: Final = 30
+MAX_FAILURES_PER_ADDRESS_USER: Final = 10
 FAILURE_WINDOW_S: Final = 300.0
-#: Keys (addresses, user names) remembered at most; the least recently failed are forgotten first.
+#: Keys (addresses, address + user name pairs) remembered at most; the least recently failed are
+#: forgotten first.
 MAX_TRACKED_KEYS: Final = 10_000
 #: Longest user name kept as a key or logged (longer names are cut).
 _MAX_NAME: Final = 128
@@ -74,8 +83,25 @@ def is_open_route(route: str) -> bool:
     return route.startswith((SIGNED_PREFIX, PEER_PREFIX)) or route in OPEN_ROUTES
 
 
+def client_key(remote: str | None) -> str:
+    """The key a client address counts under: the IPv4 address (an IPv4-mapped IPv6 one too), the
+    /64 network of an IPv6 address, else the text as given (``unknown`` when there is none)."""
+    if not remote:
+        return "unknown"
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return remote
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 class FailedLogins:
-    """Times of recent failed logins per key (an address or a user name), bounded in memory."""
+    """Times of recent failed logins per key (an address, or an address and a user name),
+    bounded in memory."""
 
     def __init__(self, limit: int, window_s: float, max_keys: int = MAX_TRACKED_KEYS) -> None:
         self.limit = limit
@@ -127,14 +153,14 @@ class OperatorGuard:
         operators: Mapping[str, str],
         *,
         address_limit: int = MAX_FAILURES_PER_ADDRESS,
-        user_limit: int = MAX_FAILURES_PER_USER,
+        address_user_limit: int = MAX_FAILURES_PER_ADDRESS_USER,
         window_s: float = FAILURE_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._digests = {name: _digest(password) for name, password in operators.items()}
         self._unknown = _digest("\x00no such operator\x00")
         self.by_address = FailedLogins(address_limit, window_s)
-        self.by_user = FailedLogins(user_limit, window_s)
+        self.by_address_user = FailedLogins(address_user_limit, window_s)
         self._clock = clock
 
     @classmethod
@@ -155,7 +181,7 @@ class OperatorGuard:
         header = request.headers.get("Authorization", "")
         if header[:6].lower() != "basic ":
             return self.challenge()
-        address = request.remote or "unknown"
+        address = client_key(request.remote)
         now = self._clock()
         wait = self.by_address.retry_after(address, now)
         if wait > 0:
@@ -166,14 +192,15 @@ class OperatorGuard:
             return self._failed(address, None, now, "malformed")
         login, password = str(creds.login), str(creds.password)
         name = login[:_MAX_NAME]
-        wait = self.by_user.retry_after(name, now)
+        pair = _pair(address, name)
+        wait = self.by_address_user.retry_after(pair, now)
         if wait > 0:
             return self._locked(address, name, wait)
         expected = self._digests.get(login)
         same = hmac.compare_digest(expected or self._unknown, _digest(password))
         if not same or expected is None:
             return self._failed(address, name, now, "bad_credentials")
-        self.by_user.clear(name)
+        self.by_address_user.clear(pair)
         request[OPERATOR_ATTRIBUTE] = login
         return login
 
@@ -189,12 +216,17 @@ class OperatorGuard:
         )
 
     def _failed(self, address: str, name: str | None, now: float, reason: str) -> web.Response:
-        count = self.by_address.record(address, now)
-        if name is not None:
-            count = max(count, self.by_user.record(name, now))
+        from_address = self.by_address.record(address, now)
+        as_name = self.by_address_user.record(_pair(address, name), now) if name is not None else 0
         OPERATOR_LOGIN_FAILURES.labels(reason).inc()
         log.warning(
-            "operator login refused (%s): user %r from %s, %d recent failures", reason, name, address, count
+            "operator login refused (%s): user %r from %s, %d recent failures from that address, "
+            "%d of them for that user",
+            reason,
+            name,
+            address,
+            from_address,
+            as_name,
         )
         return self.challenge()
 
@@ -207,6 +239,11 @@ class OperatorGuard:
             text=f"too many failed logins; retry in {seconds}s\n",
             headers={"Retry-After": str(seconds)},
         )
+
+
+def _pair(address: str, name: str) -> str:
+    """The :class:`FailedLogins` key of a user name tried from an address."""
+    return f"{address}\n{name}"
 
 
 def operator_login(guard: OperatorGuard) -> Callable[[web.Request, _Handler], Awaitable[web.StreamResponse]]:

@@ -31,10 +31,12 @@ __all__ = [
     "FORWARD_HEADER",
     "FORWARD_TIMEOUT_S",
     "SETTLE_WAIT_S",
+    "PeerAnswer",
     "RecordRequest",
     "answer_at_owner",
     "answer_from_peers",
     "answers_of_every_peer",
+    "ask_every_peer",
     "forward_to",
     "forward_token",
     "is_forwarded",
@@ -42,6 +44,7 @@ __all__ = [
     "owner_url",
     "partition_owner_url",
     "partitions_settled",
+    "peer_partitions",
     "rebalancing_answer",
     "record_request",
     "table_peers",
@@ -72,14 +75,22 @@ def is_forwarded(request: web.Request, settings: Settings) -> bool:
     return bool(token) and hmac.compare_digest(token or "", forward_token(settings, signature))
 
 
-async def forward_to(base_url: str, request: web.Request, body: bytes, settings: Settings) -> web.Response:
+async def forward_to(
+    base_url: str,
+    request: web.Request,
+    body: bytes,
+    settings: Settings,
+    *,
+    timeout_s: float = FORWARD_TIMEOUT_S,
+) -> web.Response:
     """Send ``request`` (with its body) to the worker at ``base_url`` and relay the answer
     (``Retry-After`` included); a 503 with ``Retry-After`` when that worker cannot be reached
-    (killed, restarting: the assignment still names it until the group rebalances)."""
+    within ``timeout_s`` (killed, hung, restarting: the assignment still names it until the
+    group rebalances)."""
     headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length"}}
     headers[FORWARD_HEADER] = forward_token(settings, request.headers.get(HEADER_SIGNATURE, ""))
     url = base_url.rstrip("/") + request.path_qs
-    timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
@@ -139,6 +150,42 @@ def partition_owner_url(app: Any, table: Any, partition: int) -> str | None:
         if partition in topics.get(topic, ()):
             return str(url).rstrip("/")
     return None
+
+
+def peer_partitions(app: Any, table: Any) -> dict[str, tuple[int, ...]]:
+    """Base URL -> the partitions of ``table`` it holds, for every other worker holding some
+    (from faust's assignment metadata of the table's changelog topic)."""
+    topic = table.changelog_topic.get_topic_name()
+    held: dict[str, tuple[int, ...]] = {}
+    for url, topics in app.router.table_metadata(table.name).items():
+        partitions = tuple(sorted(topics.get(topic, ())))
+        base = str(url).rstrip("/")
+        if partitions and not is_local(app, base):
+            held[base] = partitions
+    return held
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAnswer:
+    """Another worker holding partitions of a table, and what it answered a forwarded request."""
+
+    url: str
+    partitions: tuple[int, ...]
+    answer: web.Response
+
+
+async def ask_every_peer(
+    app: Any, table: Any, request: web.Request, settings: Settings, *, timeout_s: float
+) -> list[PeerAnswer]:
+    """Forward ``request`` at once to every other worker holding partitions of ``table``, for an
+    answer merged over the table that names what is missing instead of failing: each peer's
+    answer, a 503 for one not answering within ``timeout_s``."""
+    peers = peer_partitions(app, table)
+    body = await request.read()
+    answers = await asyncio.gather(
+        *(forward_to(url, request, body, settings, timeout_s=timeout_s) for url in peers)
+    )
+    return [PeerAnswer(url, peers[url], answer) for url, answer in zip(peers, answers, strict=True)]
 
 
 def table_peers(app: Any, table: Any) -> list[str] | None:

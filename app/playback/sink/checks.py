@@ -21,6 +21,7 @@ from app.playback.sink.store import EVENT_TYPES
 from schemas.envelope import Envelope
 from schemas.playback import MAX_DURATION_SEC, PlaybackEvent
 from schemas.types import (
+    EXACT_FLOAT_INT,
     MA_CODE_PATTERN,
     MAX_EPOCH_MS,
     MIN_EPOCH_MS,
@@ -67,9 +68,8 @@ _known_sources: set[str] = set()
 _known_codes: set[str] = set()
 _known_nodes: set[str] = set()
 _known_users: set[str] = set()
-#: Money text/float -> cents (prices repeat a lot). Bounded like the sets.
+#: Money text -> cents (prices repeat a lot). Bounded like the sets.
 _cents_of_text: dict[str, int] = {}
-_cents_of_float: dict[float, int] = {}
 
 
 def _remember(known: set[str], value: str) -> None:
@@ -92,8 +92,8 @@ def _text_cents(text: str) -> int | None:
 def money_cents(value: object) -> int | None:
     """Exact cents of a JSON money value, or ``None`` where ``NonNegativeMoney`` refuses it.
 
-    Strings ``"12.5"``, integers and floats with at most two decimals (``repr``), below 10**12,
-    not negative (a negative zero is 0).
+    Strings ``"12.5"``, integers and whole floats (``12.0``), below 10**12, not negative (a
+    negative zero is 0).
     """
     kind = type(value)
     if kind is str:
@@ -112,20 +112,20 @@ def money_cents(value: object) -> int | None:
         return number * 100 if 0 <= number < _MONEY_LIMIT else None
     if kind is float:
         real: float = value  # type: ignore[assignment]
-        cents = _cents_of_float.get(real)
-        if cents is not None:
-            return cents
-        if not math.isfinite(real) or abs(real) >= _FLOAT_LIMIT or real < 0:
+        if not math.isfinite(real) or not real.is_integer() or not 0 <= real < _FLOAT_LIMIT:
             return None
-        text = repr(real)
-        if "e" in text or len(text.partition(".")[2]) > 2:
-            return None
-        cents = _text_cents(text)
-        if cents is not None:
-            if len(_cents_of_float) >= _KNOWN_LIMIT:
-                _cents_of_float.clear()
-            _cents_of_float[real] = cents
-        return cents
+        return int(real) * 100
+    return None
+
+
+def _whole(value: object) -> int | None:
+    """A JSON integer, or a JSON number with a zero fraction up to 2**53 as one (``WholeInt``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT_FLOAT_INT:
+        return int(value)
     return None
 
 
@@ -133,9 +133,10 @@ def parse_playback(obj: object) -> ParsedPlayback | None:
     """The row of a playback envelope (already JSON-decoded), or ``None`` if it breaks the contract.
 
     Equivalent to ``Envelope[PlaybackEvent]`` in strict mode on orjson output: exact keys, exact
-    JSON types (no bool-as-int, no float-as-int), patterns, enums, ranges, money with at most
-    two decimals. A value of the wrong JSON type makes a set lookup or a regex raise
-    ``TypeError``, which is a refusal too.
+    JSON types (no bool-as-int; a float only with a zero fraction, as the models read it),
+    patterns, enums, ranges, money strings with at most two decimals or whole money numbers. A
+    value of the wrong JSON type makes a set lookup or a regex raise ``TypeError``, which is a
+    refusal too.
     """
     if type(obj) is not dict or len(obj) != 4:
         return None
@@ -146,7 +147,9 @@ def parse_playback(obj: object) -> ParsedPlayback | None:
         payload = obj["payload"]
         if _UUID(event_id) is None:
             return None
-        if type(ts_ms) is not int or not MIN_EPOCH_MS <= ts_ms < MAX_EPOCH_MS:
+        if type(ts_ms) is not int:
+            ts_ms = _whole(ts_ms)
+        if ts_ms is None or not MIN_EPOCH_MS <= ts_ms < MAX_EPOCH_MS:
             return None
         if source not in _known_sources:
             if _SOURCE(source) is None:
@@ -189,7 +192,9 @@ def parse_playback(obj: object) -> ParsedPlayback | None:
             return None
     except (KeyError, TypeError):
         return None
-    if type(duration) is not int or not 0 <= duration <= MAX_DURATION_SEC:
+    if type(duration) is not int:
+        duration = _whole(duration)
+    if duration is None or not 0 <= duration <= MAX_DURATION_SEC:
         return None
     revenue_cents = _cents_of_text.get(revenue) if type(revenue) is str else None
     if revenue_cents is None:
@@ -303,9 +308,18 @@ def _valid_user(value: str) -> bool:
     return _SHA256(value) is not None
 
 
-def _int_column_within(values: list[Any], low: int, high: int) -> bool:
-    """Every value an ``int`` (not a ``bool``) with ``low <= value <= high``."""
-    return set(map(type, values)) == {int} and min(values) >= low and max(values) <= high
+def _whole_column_within(values: list[Any], low: int, high: int) -> list[int] | None:
+    """``values`` as integers when every one is an ``int`` (not a ``bool``) or a whole float
+    (:func:`_whole`) with ``low <= value <= high``; else ``None``."""
+    kinds = set(map(type, values))
+    if kinds != {int}:
+        if not kinds <= {int, float}:
+            return None
+        wholes = list(map(_whole, values))
+        if None in wholes:
+            return None
+        values = wholes
+    return values if min(values) >= low and max(values) <= high else None
 
 
 def _idempotency_column(payloads: list[dict[str, Any]], count: int) -> list[str] | None:
@@ -351,8 +365,9 @@ def payload_columns(payloads: list[Any]) -> list[list[Any]] | None:
         distinct_revenues = set(revenues)
     except (KeyError, TypeError):  # a missing field; not a dict; an unhashable value
         return None
+    whole_durations = _whole_column_within(durations, 0, MAX_DURATION_SEC)
     if not (
-        _int_column_within(durations, 0, MAX_DURATION_SEC)
+        whole_durations is not None
         and _all_known_or_valid(codes, _known_codes, _valid_code)
         and _all_known_or_valid(nodes, _known_nodes, _NODE)
         and (
@@ -373,7 +388,8 @@ def payload_columns(payloads: list[Any]) -> list[list[Any]] | None:
     idempotency_ids = _idempotency_column(payloads, count)
     if idempotency_ids is None:
         return None
-    return [codes, nodes, users, kinds, durations, list(map(cents_of.__getitem__, revenues)), idempotency_ids]
+    revenue_cents = list(map(cents_of.__getitem__, revenues))
+    return [codes, nodes, users, kinds, whole_durations, revenue_cents, idempotency_ids]
 
 
 def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
@@ -393,13 +409,14 @@ def playback_columns(documents: list[Any]) -> list[list[Any]] | None:
         payloads = list(map(_PAYLOAD_OF, documents))
     except (KeyError, TypeError):  # a missing field; not a dict
         return None
+    whole_timestamps = _whole_column_within(timestamps, MIN_EPOCH_MS, MAX_EPOCH_MS - 1)
     if not (
         _all_fixed(event_ids, _UUID_TEMPLATE)
-        and _int_column_within(timestamps, MIN_EPOCH_MS, MAX_EPOCH_MS - 1)
+        and whole_timestamps is not None
         and _all_known_or_valid(sources, _known_sources, _SOURCE)
     ):
         return None
     payload = payload_columns(payloads)
     if payload is None:
         return None
-    return [event_ids, timestamps, sources, *payload]
+    return [event_ids, whole_timestamps, sources, *payload]

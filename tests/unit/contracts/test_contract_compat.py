@@ -202,3 +202,39 @@ def test_a_new_cross_field_rule_is_a_break(current: dict[str, dict[str, Any]]) -
 
     new = changed(current[APPLY], lambda doc: doc.update(allOf=[rule]))
     assert lines(compare_documents(APPLY, current[APPLY], new)) == [("payload", "rule added")]
+
+
+def test_patterns_published_for_every_engine_are_the_same_language(
+    current: dict[str, dict[str, Any]],
+) -> None:
+    """``^x$(?!\\n)`` is ``^x$`` in ECMA-262: publishing it for Python's ``re`` breaks nothing."""
+
+    def bare_dollar(doc: dict[str, Any]) -> None:
+        node = doc["properties"]["user_hash"]
+        node["pattern"] = node["pattern"].removesuffix(r"(?!\n)")
+
+    assert compare_documents(PLAYBACK, changed(current[PLAYBACK], bare_dollar), current[PLAYBACK]) == []
+
+
+def test_acknowledged_narrowings_pass_and_others_still_fail(
+    repo: Path, current: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The schemas as published before issue 26 (money numbers with cents, ``\\S``) narrow on
+    purpose and pass with their reason; a narrowing nobody acknowledged in the same run fails."""
+
+    def before_issue_26(doc: dict[str, Any]) -> None:
+        doc["properties"]["revenue_cny"]["anyOf"][1]["type"] = "number"
+
+    def and_a_refund(doc: dict[str, Any]) -> None:
+        before_issue_26(doc)
+        doc["properties"]["event_type"]["enum"].append("refund")
+
+    commit_schemas(repo, {**current, PLAYBACK: changed(current[PLAYBACK], before_issue_26)})
+    assert check_against("HEAD", root=repo) == 0
+    out = capsys.readouterr().out
+    assert f"acknowledged: {PLAYBACK}: payload.revenue_cny: type narrowed (number no longer accepted)" in out
+    assert "cents as decimal strings" in out
+
+    commit_schemas(repo, {**current, PLAYBACK: changed(current[PLAYBACK], and_a_refund)})
+    assert check_against("HEAD", root=repo) == 1
+    assert f"incompatible: {PLAYBACK}: payload.event_type: enum value removed" in capsys.readouterr().err

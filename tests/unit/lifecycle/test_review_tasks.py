@@ -61,6 +61,24 @@ def test_borderline_waits_for_a_human_then_the_decision_finishes_it() -> None:
     assert task.status == "need_human"  # pure: the input is unchanged
 
 
+def test_a_task_keeps_what_the_reviewer_decides_from() -> None:
+    """The workbench shows the work, the tool and when it was submitted, from the task alone."""
+    envelope = borderline()
+    task, _ = review_created(None, envelope, 1000, CONFIG)
+    application = envelope.payload
+    assert (task.title, task.content_url, task.content_hash) == (
+        application.title,
+        "https://x.example/a",
+        application.content_hash,
+    )
+    assert task.ai_tool_info == {"model_name": "homebrew-gan", "model_version": "1"}
+    assert task.submitted_ms == envelope.timestamp
+    old = ReviewTask.model_validate_json(
+        task.model_dump_json(exclude={"title", "content_url", "ai_tool_info", "submitted_ms"})
+    )
+    assert old.title is None and old.submitted_ms is None  # tasks stored before still read back
+
+
 def test_a_second_application_event_only_remembers_its_id() -> None:
     task, _ = review_created(None, applied(), 1000, CONFIG)
     again = applied()

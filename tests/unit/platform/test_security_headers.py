@@ -74,3 +74,16 @@ def test_the_faust_apps_install_the_middlewares() -> None:
     middlewares = app.conf.web_application_options["middlewares"]
     assert middlewares[:2] == [count_requests, security_headers]
     assert len(middlewares) == 3 and app.operator_guard is not None  # type: ignore[attr-defined]
+
+
+def test_the_lag_pages_policy_adds_same_origin_scripts_only() -> None:
+    """The lag page's live script comes from the worker itself; nothing inline, no other origin,
+    and framing stays refused."""
+    from app.platform.http.headers import CONTENT_SECURITY_POLICY, LIVE_PAGE_POLICY
+
+    directives = dict(d.strip().split(" ", 1) for d in LIVE_PAGE_POLICY.split(";"))
+    assert directives["script-src"] == "'self'" and directives["connect-src"] == "'self'"
+    assert directives["frame-ancestors"] == "'none'" and directives["default-src"] == "'none'"
+    assert "unsafe-inline" not in directives["script-src"] and "unsafe-eval" not in LIVE_PAGE_POLICY
+    others = {k: v for k, v in directives.items() if k not in {"script-src", "connect-src"}}
+    assert others == dict(d.strip().split(" ", 1) for d in CONTENT_SECURITY_POLICY.split(";"))

@@ -142,7 +142,7 @@ def test_stats_are_exact_with_duplicates_before_any_merge(chdb: ChdbBackend) -> 
         )
         for i in range(300)
     ]
-    other: dict[str, Any] = {"avcc_code": "MA.156.1.2/other", "event_type": "purchase", "revenue_cny": 0.05}
+    other: dict[str, Any] = {"avcc_code": "MA.156.1.2/other", "event_type": "purchase", "revenue_cny": "0.05"}
     rows += [(300, other)]
     _block(rows).insert(chdb, "token-1")
     _block(rows).insert(chdb, "token-1")  # same batch retried with its token

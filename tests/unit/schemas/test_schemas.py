@@ -151,8 +151,8 @@ def test_settlement_instruction_validates() -> None:
     assert env.payload.evidence is None
     assert env.payload.settlement.total_cny == Decimal("100.30")
     assert [s.amount_cny for s in env.payload.settlement.splits] == [
-        Decimal("70.10"),
-        Decimal("30.20"),
+        Decimal("70.00"),
+        Decimal("30.30"),
     ]
     assert decode_event(PENDING, encode_event(env)) == env
 
@@ -233,7 +233,8 @@ REJECTIONS: list[tuple[str, str, Any, str]] = [
     # apply.created
     (APPLY, "payload.priority", "5", "payload.priority"),
     (APPLY, "payload.priority", 10, "payload.priority"),
-    (APPLY, "payload.priority", 5.0, "payload.priority"),
+    (APPLY, "payload.priority", 5.5, "payload.priority"),
+    (APPLY, "payload.avcc_record_id", float(2**53 + 2), "payload.avcc_record_id"),
     (APPLY, "payload.priority", True, "payload.priority"),
     (APPLY, "payload.avcc_record_id", "10042", "payload.avcc_record_id"),
     (APPLY, "payload.avcc_record_id", 0, "payload.avcc_record_id"),
@@ -368,15 +369,18 @@ def test_splits_must_sum_to_total() -> None:
     assert "total_cny" in str(exc) and "100.30" in str(exc) and "100.31" in str(exc)
 
 
-def test_splits_sum_is_exact_with_float_inputs() -> None:
+def test_splits_sum_is_exact_and_cents_are_strings() -> None:
     splits = [
-        {"party": "a", "address": CRD_ADDRESS, "amount_cny": 0.1},
-        {"party": "b", "address": CRD_ADDRESS, "amount_cny": 0.2},
+        {"party": "a", "address": CRD_ADDRESS, "amount_cny": "0.10"},
+        {"party": "b", "address": CRD_ADDRESS, "amount_cny": "0.2"},
     ]
-    event = settlement_event(payload__settlement__total_cny=0.3, payload__settlement__splits=splits)
+    event = settlement_event(payload__settlement__total_cny="0.3", payload__settlement__splits=splits)
     env = decode_as(ChainTxPending, orjson.dumps(event))
     assert env.payload.settlement is not None
     assert env.payload.settlement.total_cny == Decimal("0.30")
+    splits[0]["amount_cny"] = 0.1  # a JSON number with cents: its decimals cannot be checked
+    exc = assert_violation(PENDING, event, "payload.settlement.splits.0.amount_cny")
+    assert "must be whole" in str(exc)
 
 
 @pytest.mark.parametrize(
@@ -414,14 +418,13 @@ def test_pending_with_both_parts_names_the_extra_one() -> None:
         (7, "7.00"),
         (0.0, "0.00"),
         (-0.0, "0.00"),
-        (12.5, "12.50"),
-        (0.07, "0.07"),
-        (70.1, "70.10"),
+        (12.0, "12.00"),
+        (1e3, "1000.00"),
         ("12.5", "12.50"),
         ("12.50", "12.50"),
         ("0", "0.00"),
         ("-0.00", "0.00"),
-        (99999999999.99, "99999999999.99"),
+        (999999999999.0, "999999999999.00"),
         ("999999999999.99", "999999999999.99"),
     ],
 )
@@ -433,6 +436,23 @@ def test_money_is_exact_and_written_with_two_decimals(wire: Any, exact: str) -> 
     wire_out = orjson.loads(encode_event(env))
     assert wire_out["payload"]["revenue_cny"] == exact
     assert decode_event(PLAYBACK, encode_event(env)) == env
+
+
+@pytest.mark.parametrize("wire", [12.5, 0.07, 70.1, 99999999999.99, 1.005, 0.1 + 0.2, 1e-5])
+def test_money_numbers_with_a_fraction_are_refused(wire: float) -> None:
+    """A JSON number is a binary float: whether ``0.07`` was written with 2 decimals is beyond
+    every JSON Schema validator (``multipleOf: 0.01`` refuses 0.07), so cents travel as strings."""
+    event = raw_event(PLAYBACK, payload__event_type="purchase", payload__revenue_cny=wire)
+    exc = assert_violation(PLAYBACK, event, "payload.revenue_cny")
+    assert "give cents as a decimal string like '12.50'" in str(exc)
+
+
+def test_integers_written_as_whole_numbers_are_integers() -> None:
+    event = raw_event(APPLY, payload__priority=5.0, payload__avcc_record_id=1.0042e4)
+    event["timestamp"] = float(TS)
+    env = decode_as(ApplyCreated, orjson.dumps(event))
+    assert (env.payload.priority, env.payload.avcc_record_id, env.timestamp) == (5, 10042, TS)
+    assert orjson.loads(encode_event(env))["payload"]["priority"] == 5
 
 
 def test_parse_money_signed_and_decimal_inputs() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.ops.console.charts import sparkline
 from app.ops.console.csrf import FormTokens
-from app.ops.console.pages import Overview, overview_html, workbench_html
+from app.ops.console.pages import Overview, overview_html
 from app.ops.console.rates import OffsetHistory, rate_series
 from app.ops.console.settings import ConsoleSettings
+from app.ops.console.workbench import PAGE_SIZE, WorkbenchQuery, workbench_html
 from app.ops.lag.snapshot import LagSnapshot, PartitionOffsets
 from app.platform.settings import Settings
 
@@ -72,6 +75,25 @@ def test_overview_shows_every_record_status_and_unavailable_parts() -> None:
         assert f'<tr data-status="{status}">' in text
 
 
+def test_overview_names_a_silent_code_replica_with_its_partitions() -> None:
+    replicas = [
+        {"url": "http://127.0.0.1:6067", "partitions": [0, 2], "answered": True, "counts": {"issued": 4}},
+        {"url": "http://127.0.0.2:6067", "partitions": [1, 3, 5], "answered": False, "error": "answered 503"},
+    ]
+    overview = Overview(
+        None, OffsetHistory(), {}, {"issued": 4}, record_replicas=replicas, missing_partitions=[1, 3, 4, 5]
+    )
+    text = overview_html(overview, "alice")
+    assert (
+        "<p class='flash error replica-missing' data-replica='http://127.0.0.2:6067' "
+        "data-partitions='1, 3, 5'>code replica http://127.0.0.2:6067 did not answer (answered 503): "
+        "the records of its partitions 1, 3, 5 are not counted</p>"
+    ) in text
+    assert "id='records-unowned' data-partitions='4'" in text  # no owner: not the silent replica's
+    assert "Counted by http://127.0.0.1:6067 (0, 2)." in text
+    assert "<tr data-status=\"issued\"><td>issued</td><td class='n'>4</td></tr>" in text
+
+
 def test_workbench_forms_carry_token_and_escape_evidence() -> None:
     task = {
         "avcc_record_id": 7,
@@ -80,11 +102,60 @@ def test_workbench_forms_carry_token_and_escape_evidence() -> None:
         "final_level": "G",
         "report_hash": "sha256:ab",
         "report": {"rule_hits": ["<script>"]},
+        "created_ms": 1_717_312_200_000,
     }
-    text = workbench_html([task], "123.abc", "alice")
+    listing = {"tasks": [task], "count": 1, "total": 1, "remaining": 1, "next": None}
+    text = workbench_html(listing, "123.abc", "alice")
     assert 'action="/review/7/decision"' in text and 'value="123.abc"' in text
     assert "<script>" not in text and "&lt;a&gt;" in text and "sha256:ab" in text
-    assert "id='no-tasks'" in workbench_html([], "t", "alice")
+    assert "<span class='title muted'>—</span>" in text  # a task from before titles were kept
+    empty = {"tasks": [], "count": 0, "total": 0, "remaining": 0, "next": None}
+    assert "id='no-tasks'" in workbench_html(empty, "t", "alice")
+
+
+def test_workbench_row_shows_the_work_the_tool_and_the_rule_hits() -> None:
+    task = {
+        "avcc_record_id": 42,
+        "title": "Sunrise <over> the river",
+        "content_url": "https://cdn.example.com/works/42.mp4",
+        "content_hash": "sha256:" + "c" * 64,
+        "applicant_id": "applicant-7",
+        "ai_tool_info": {"model_name": "home-made-diffuser", "model_version": "v2.1.0"},
+        "overall_score": 61.5,
+        "final_level": "P",
+        "report_hash": "sha256:" + "d" * 64,
+        "report": {"flags": ["unknown_model"], "factors": [{"name": "model_trust", "fraction": 0.3}]},
+        "submitted_ms": 1_717_312_200_000,
+        "created_ms": 1_717_312_200_500,
+    }
+    listing = {"tasks": [task], "count": 1, "total": 60, "remaining": 10, "next": None}
+    query = WorkbenchQuery(applicant="applicant-7", after="1717312100000:41")
+    text = workbench_html(listing, "t", "alice", query, now_ms=1_717_312_200_500 + 3 * 3_600_000)
+    assert "<span class='title'>Sunrise &lt;over&gt; the river</span>" in text
+    assert '<a class="content" href="https://cdn.example.com/works/42.mp4" rel="noopener noreferrer"' in text
+    assert "<span class='content-hash'>sha256:" + "c" * 64 in text
+    assert "<span class='model-name'>home-made-diffuser</span><br><span class='model-version'>v2.1.0" in text
+    assert "datetime='2024-06-02T07:10:00Z'" in text and "waiting 3 h 0 min" in text
+    assert "<li class='hit'>unknown_model</li>" in text and "model_trust 0.30" in text
+    assert "Tasks 51 to 51 of 60, oldest first." in text
+    assert "id='first-page' href='/review?applicant=applicant-7'" in text and "next-page" not in text
+    assert 'name="back" value="applicant=applicant-7&amp;after=1717312100000%3A41"' in text
+    script = {**listing, "tasks": [{**task, "content_url": "javascript:alert(1)"}]}
+    assert 'href="javascript' not in workbench_html(script, "t", "a")
+
+
+def test_workbench_query_asks_the_review_workers_for_one_page() -> None:
+    query = WorkbenchQuery.from_mapping(
+        {"applicant": " applicant-7 ", "level": "P", "waiting": "1h", "after": "5:6", "bogus": "x"}
+    )
+    assert query == WorkbenchQuery("applicant-7", "P", "1h", "5:6")
+    assert query.tasks_path(now_ms=10_000_000) == (
+        f"/v1/review/tasks?status=need_human&limit={PAGE_SIZE}&applicant_id=applicant-7&final_level=P"
+        "&created_before_ms=6400000&after=5:6"
+    )
+    assert WorkbenchQuery.from_mapping({"level": "X", "waiting": "1y"}) == WorkbenchQuery()
+    assert WorkbenchQuery.from_query_string(query.query_string()) == query
+    assert query.link(after="9:9") == "/review?applicant=applicant-7&level=P&waiting=1h&after=9%3A9"
 
 
 def test_console_key_and_peer_urls() -> None:
@@ -98,3 +169,30 @@ def test_console_key_and_peer_urls() -> None:
     assert ConsoleSettings().signing_key(prod) is None  # no silent default outside dev mode
     assert ConsoleSettings(key_id="console").signing_key(prod) == ("console", "a-long-console-secret-1234")
     assert ConsoleSettings(key_id="missing").signing_key(prod) is None
+
+
+async def test_record_counts_come_from_a_replica_named_earlier_when_the_configured_one_is_away() -> None:
+    """The console's configured code URL is one replica; when it does not answer, the replicas the
+    group's assignment named in the last answer are asked (each answers for every replica)."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from app.ops.console.peers import PeerError, Peers
+    from app.servers import free_port
+
+    async def counts(request: web.Request) -> web.Response:
+        return web.json_response({"counts": {"issued": 1}, "replicas": []})
+
+    application = web.Application()
+    application.router.add_get("/v1/avcc/record-counts", counts)
+    server = TestServer(application, host="127.0.0.1")
+    await server.start_server()
+    try:
+        away = f"http://127.0.0.1:{free_port()}"
+        peers = Peers(Settings(dev_mode=True), ConsoleSettings(code_url=away, peer_timeout_s=2))
+        answer = await peers.get_from_any("code", "/v1/avcc/record-counts", [str(server.make_url(""))])
+        assert answer["counts"] == {"issued": 1}
+        with pytest.raises(PeerError, match="unreachable"):
+            await peers.get_from_any("code", "/v1/avcc/record-counts", [])
+    finally:
+        await server.close()

@@ -140,10 +140,36 @@ def test_table_and_html_show_every_partition_and_the_alert() -> None:
     lines = text.splitlines()
     assert lines[0].split() == ["group", "topic", "partition", "end", "committed", "lag", "status"]
     assert lines[1].split() == ["g<x>", TOPIC, "0", "1500", "-", "1500", "OK"]
-    page = render_lag_html(report)
+    page = render_lag_html(report, refresh_s=2, user="ops")
     assert "<td>g&lt;x&gt;</td>" in page and "g<x>" not in page
     assert page.count("<tr data-status=") == 2
     assert "No snapshot yet" in render_lag_html(None)
+
+
+def test_lag_page_is_a_live_console_page() -> None:
+    """Issue 26: the lag page reloaded itself (meta refresh), losing what the operator unfolded,
+    outside the console's layout. It is a console page now, its partitions fold under each group
+    row, and the console's script swaps ``#live`` in place (a reload only without JavaScript)."""
+    ev = LagEvaluator(config(rule(not_shrinking_s=None)))
+    report = ev.observe(snap(0, [(0, 1500, None), (1, 20, 10)], group="avcc-code"))
+    page = render_lag_html(report, refresh_s=2, user="ops")
+    assert "<title>Consumer lag · AVCC console</title>" in page and '<a href="/review">review</a>' in page
+    assert "operator: ops" in page
+    assert '<script src="/console/live.js" defer></script>' in page
+    assert '<noscript><meta http-equiv="refresh" content="2"></noscript>' in page
+    assert page.count("http-equiv") == 1  # no reload when the script runs
+    assert "<div id='live' data-live-ms='2000'>" in page and "<time id='taken-at'" in page
+    row = page[page.index('<tr id="group-avcc-code"') :]
+    assert row.index("<details class='partitions' id='partitions-avcc-code'") < row.index("</tr>")
+    assert "<script>" not in page and "onclick" not in page  # nothing inline: the CSP allows none
+
+
+def test_the_console_script_is_served_as_javascript() -> None:
+    from app.ops.console.live import LIVE_SCRIPT, LIVE_SCRIPT_ROUTE
+
+    assert LIVE_SCRIPT_ROUTE == "/console/live.js"
+    assert b'getElementById("live")' in LIVE_SCRIPT and b"twin.open = details.open" in LIVE_SCRIPT
+    assert b"eval(" not in LIVE_SCRIPT and b"innerHTML" not in LIVE_SCRIPT
 
 
 def test_print_lag_table_exit_codes(
