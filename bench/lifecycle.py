@@ -266,7 +266,7 @@ def main() -> int:
         "--rate",
         type=float,
         default=20.0,
-        help="applications per second (the core groups saturate near 50/s on 2 cores)",
+        help="applications per second (the core groups hold p99 < 1 s up to about 100/s on 2 cores)",
     )
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded Kafka")
     parser.add_argument(
