@@ -132,8 +132,8 @@ class FaustOffsets:
         return int(next(iter(found.values())))
 
     async def seek(self, tp: TP, offset: int) -> None:
-        """Fetch ``tp`` from ``offset`` next."""
-        await self.app.consumer.seek(tp, offset)
+        """Fetch ``tp`` from ``offset`` next (on faust's consumer thread: :func:`internals.seek`)."""
+        await internals.seek(self.app, tp, offset)
 
     def highwater(self, tp: TP) -> int | None:
         """The partition's end as of the last fetch."""

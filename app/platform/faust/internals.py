@@ -9,7 +9,10 @@ that faust runs in its consumer thread:
 * ``ThreadDelegateConsumer._thread`` -- faust's consumer thread, whose public ``call_thread``
   runs a coroutine on the thread's event loop (aiokafka's consumer lives there);
 * ``AIOKafkaConsumerThread._ensure_consumer()`` -- that thread's aiokafka consumer, whose public
-  ``commit()`` and ``committed()`` are then used;
+  ``commit()`` and ``committed()`` are then used; faust's public ``Consumer.seek`` is run there
+  too (:func:`seek`): from the worker's loop it moved aiokafka's fetcher while the consumer
+  thread was reading its records (``KeyError`` in ``Fetcher.fetched_records``: the worker
+  crashed);
 * that consumer's (and its fetcher's) ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``: faust
   creates the consumer with aiokafka's ``fetch_min_bytes=1`` and a hard-coded
   ``fetch_max_wait_ms=1500`` and offers no setting for either, so every message arriving alone
@@ -36,7 +39,7 @@ from faust.transport.consumer import ThreadDelegateConsumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
-__all__ = ["PINNED", "ShapeChanged", "check_shape", "commit", "committed", "tune_fetches"]
+__all__ = ["PINNED", "ShapeChanged", "check_shape", "commit", "committed", "seek", "tune_fetches"]
 
 #: The versions whose internals this module was written against (also pinned in setup.cfg).
 PINNED: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
@@ -100,6 +103,13 @@ async def committed(app: Any, tps: Iterable[TP]) -> dict[TP, int | None]:
         offset = await thread.call_thread(consumer.committed, KafkaTP(tp.topic, tp.partition))
         found[tp] = int(offset) if offset is not None and offset >= 0 else None
     return found
+
+
+async def seek(app: Any, tp: TP, offset: int) -> None:
+    """Fetch ``tp`` from ``offset`` next: faust's public ``Consumer.seek`` (which also resets the
+    offset faust drops older messages below), run on faust's consumer thread, where aiokafka's
+    fetcher lives, so a seek never changes the fetcher's records while that thread reads them."""
+    await _thread(app).call_thread(app.consumer.seek, tp, offset)
 
 
 def tune_fetches(app: Any, min_bytes: int, max_wait_ms: int) -> None:

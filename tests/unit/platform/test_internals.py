@@ -3,10 +3,15 @@ refuses to import once the libraries change the shape it relies on."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from faust.types import TP
 
 from app.platform.faust import internals
 
@@ -67,3 +72,38 @@ def test_no_private_name_of_faust_or_aiokafka_is_used_outside_the_internals_modu
         if pattern.search(line)
     ]
     assert offenders == []
+
+
+class _ConsumerThread:
+    """faust's consumer thread as :func:`internals.seek` uses it: its own loop in its own thread,
+    ``call_thread`` running a call there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def call_thread(self, fun: Any, *args: Any) -> Any:
+        async def run() -> Any:
+            return await fun(*args)
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+async def test_a_seek_runs_on_the_consumer_thread_where_aiokafka_reads_its_records() -> None:
+    thread = _ConsumerThread()
+    sought: list[tuple[TP, int, threading.Thread]] = []
+
+    async def consumer_seek(tp: TP, offset: int) -> None:
+        sought.append((tp, offset, threading.current_thread()))
+
+    app = SimpleNamespace(consumer=SimpleNamespace(_thread=thread, seek=consumer_seek))
+    try:
+        await internals.seek(app, TP("topic.avcc.apply.created", 3), 26)
+    finally:
+        thread.stop()
+    assert sought == [(TP("topic.avcc.apply.created", 3), 26, thread.thread)]
