@@ -174,10 +174,34 @@ def ensure_state_topic(
         except Exception as exc:  # KafkaException: a concurrent worker may have created it
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                _wait_until_led(admin, topic, partitions)
                 return False
             raise DependencyUnavailable(f"cannot create {name}: {exc}") from exc
+    _wait_until_led(admin, topic, partitions)
     log.info("created %s topic %s (%d partitions)", spec.cleanup_policy, topic, partitions)
     return True
+
+
+def _wait_until_led(admin: Any, topic: str, partitions: int) -> None:
+    """Return once the broker's metadata shows ``topic`` with every partition led.
+
+    A topic just created reaches the brokers' metadata a little later (KRaft propagates it), and
+    a consumer that subscribes before then is told the topic does not exist and looks again only
+    at its next metadata refresh, minutes later: the detector's second stage would sit idle.
+    """
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        found = admin.list_topics(topic=topic, timeout=_TIMEOUT_S).topics.get(topic)
+        if (
+            found is not None
+            and found.error is None
+            and len(found.partitions) == partitions
+            and all(p.leader >= 0 for p in found.partitions.values())
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise DependencyUnavailable(f"{topic} was created but its partitions have no leader yet")
+        time.sleep(0.1)
 
 
 def read_changelog(
