@@ -350,7 +350,7 @@ def _check_operator_pages(base: int, record_id: int) -> None:
     wrong = {"Authorization": "Basic " + base64.b64encode(b"admin:nope").decode()}
     pages = {
         f"http://127.0.0.1:{base + 1}/records": f"<td>{record_id}</td>".encode(),
-        f"http://127.0.0.1:{base}/lag": b"consumer lag",
+        f"http://127.0.0.1:{base}/lag": b"<h1>Consumer lag</h1>",
         f"http://127.0.0.1:{base}/lag.json": b"taken_at",
         f"http://127.0.0.1:{base}/dlq.json": b"items",
     }

@@ -341,8 +341,10 @@ def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
         assert [a["rule"] for a in report["alerts"]] == ["TestApplyLag"]
         status, content_type, page = http_get(f"{base}/lag", OPERATOR_AUTH)
         assert status == 200 and content_type.startswith("text/html")
-        # one summary row for the group, then one row per partition (6) folded below it
-        assert page.count(f"<td>{group}</td>") == 1 + 6 and "TestApplyLag" in page
+        # one summary row for the group, its partitions (6) folded in the row
+        assert page.count(f"<td>{group}</td>") == 1 and "TestApplyLag" in page
+        assert page.count(f"data-group='{group}'") == 1  # the group's folded partitions
+        assert page.count(f"data-topic='{topic}' data-partition=") == 6
     finally:
         started = time.monotonic()
         code = proc.stop()
