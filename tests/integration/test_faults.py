@@ -272,17 +272,7 @@ def read_topic(
                 if msg.error() is not None:
                     assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
                     continue
-                header_list = [(k, bytes(v or b"")) for k, v in (msg.headers() or [])]
-                rec = Record(
-                    msg.topic(),
-                    msg.partition(),
-                    msg.offset(),
-                    msg.key(),
-                    msg.value() or b"",
-                    dict(header_list),
-                    header_list,
-                    msg.timestamp()[1],
-                )
+                rec = _record(msg)
                 if match(rec):
                     found.append(rec)
     finally:
