@@ -37,11 +37,11 @@ unit:  ## unit tests only, in random order
 	$(PY) -m pytest tests/unit -q -p randomly $(PYTEST_ARGS)
 
 integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache), in random order
-	$(PY) -m pytest tests/integration -q -p randomly $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q -p randomly --durations=40 $(PYTEST_ARGS)
 
 test: install lint typecheck contracts  ## the full suite: lint, types, unit tests first, then integration on real servers
 	$(PY) -m pytest tests/unit -q -p randomly $(PYTEST_ARGS)
-	$(PY) -m pytest tests/integration -q -p randomly $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q -p randomly --durations=40 $(PYTEST_ARGS)
 
 fuzz:  ## exploratory API fuzzing (not in `make test`): a new seed each run, 10x the cases
 	AVCC_FUZZ_EXPLORE=1 AVCC_FUZZ_EXAMPLES_SCALE=$${AVCC_FUZZ_EXAMPLES_SCALE:-10} \

@@ -179,18 +179,35 @@ def test_import_with_duplicates_invalid_lines_and_an_interruption_issues_each_wo
     assert set(on_topic) == valid_hashes
     assert {h: ids for h, ids in on_topic.items() if ids != record_of_hash[h]} == {}
 
-    def issued() -> dict[str, int] | None:
-        status, body = asyncio.run(stack.call("code", "GET", "/v1/avcc/record-counts"))
-        assert status == 200, body
-        counts: dict[str, int] = body["counts"]
-        return counts if counts.get("issued") == WORKS else None
+    # this file's records, by id: the module's other test issues works of its own, in either order
+    record_ids = {next(iter(ids)) for ids in record_of_hash.values()}
+    pending = set(record_ids)
+
+    def all_issued() -> bool:
+        pending.difference_update(asyncio.run(_issued_among(stack, sorted(pending))))
+        return not pending
 
     try:
-        counts = wait_for(issued, 600, interval=2.0)
+        wait_for(all_issued, 600, interval=2.0)
     except AssertionError:
         _, body = asyncio.run(stack.call("code", "GET", "/v1/avcc/record-counts"))
-        raise AssertionError(f"not every work issued: {body}\n{stack.logs(['code'])}") from None
-    assert counts == {"issued": WORKS}
+        raise AssertionError(
+            f"{len(pending)} of {len(record_ids)} works not issued: {sorted(pending)[:20]} {body}\n"
+            f"{stack.logs(['code'])}"
+        ) from None
+    status, body = asyncio.run(stack.call("code", "GET", "/v1/avcc/record-counts"))
+    assert status == 200, body
+    assert body["counts"].get("issued", 0) >= WORKS
+
+
+async def _issued_among(stack: Stack, record_ids: list[int]) -> set[int]:
+    """The ids among ``record_ids`` whose record the code group answers as issued."""
+    issued: set[int] = set()
+    for record_id in record_ids:
+        status, body = await stack.call("code", "GET", f"/v1/avcc/records/{record_id}")
+        if status == 200 and body["status"] == "issued":
+            issued.add(record_id)
+    return issued
 
 
 def post_batch(stack: Stack, body: bytes, content_type: str) -> tuple[int, Any]:
