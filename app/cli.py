@@ -65,6 +65,55 @@ def topics_apply(grow_partitions: bool) -> None:
         click.echo("no drift")
 
 
+@main.group()
+def kafka() -> None:
+    """Kafka security: the least-privilege ACLs of every agent group."""
+
+
+@kafka.group()
+def acls() -> None:
+    """ACLs generated from the topic plan: one principal per group (User:avcc-<group>)."""
+
+
+@acls.command("plan")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--group", "only", default=None, help="Only this group's grants.")
+def acls_plan(as_json: bool, only: str | None) -> None:
+    """Print every group's grants (ALLOW, any host)."""
+    from app.platform.groups import GROUPS, group_spec
+    from app.platform.kafka.acls import acl_plan
+
+    try:
+        groups = [group_spec(only)] if only else list(GROUPS)
+    except KeyError as exc:
+        raise click.UsageError(str(exc)) from None
+    plan = acl_plan(groups)
+    if as_json:
+        click.echo(orjson.dumps([g.as_dict() for g in plan], option=orjson.OPT_INDENT_2).decode())
+        return
+    click.echo(f"{'principal':24} {'operation':16} {'type':5} {'pattern':8} resource")
+    for grant in plan:
+        click.echo(grant.line())
+
+
+@acls.command("apply")
+def acls_apply() -> None:
+    """Create the planned grants that are missing, as the broker's administrator (the AVCC_KAFKA_*
+    credentials must be a super user's); ACLs of these principals beyond the plan are listed, never
+    deleted."""
+    from app.platform.kafka.acls import acl_plan, apply_acls
+    from app.platform.kafka.clients import admin_client
+    from app.platform.settings import get_settings
+
+    plan = acl_plan()
+    created, extra = apply_acls(admin_client(get_settings()), plan)
+    for grant in created:
+        click.echo(f"created {grant.line()}")
+    for line in extra:
+        click.echo(f"not in plan (left alone): {line}")
+    click.echo(f"{len(plan)} grants planned, {len(created)} created, {len(extra)} beyond the plan")
+
+
 @main.command()
 @click.argument("topic")
 @click.argument("file", type=click.File("rb"), default="-")

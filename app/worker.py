@@ -36,12 +36,24 @@ def tables_ahead_of_broker(app: Any) -> BaseException | None:
 def run_worker(spec: GroupSpec, args: list[str]) -> NoReturn:
     """Create or verify the group's topics, then run faust's worker with ``args``; never returns."""
     from app.platform.internal_topics import group_app, worker_topics
+    from app.platform.kafka.access import KafkaAccessRefused, check_kafka_access, refused_by_acl
     from app.platform.kafka.admin import apply_plan
     from app.platform.settings import get_settings
 
     app = group_app(spec)
     settings = get_settings()
-    report = apply_plan(settings, worker_topics(spec))
+    try:
+        check_kafka_access(settings, spec)
+        report = apply_plan(settings, worker_topics(spec))
+    except KafkaAccessRefused as exc:
+        log.critical("%s", exc)
+        raise SystemExit(exc.exit_code) from None
+    except Exception as exc:
+        refusal = refused_by_acl(exc, settings, spec)
+        if refusal is None:
+            raise
+        log.critical("%s", refusal)
+        raise SystemExit(refusal.exit_code) from None
     if report.unfixed:
         for drift in report.unfixed:
             print(f"drift: {drift.line()}", file=sys.stderr)

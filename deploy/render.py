@@ -46,7 +46,19 @@ CONFIGMAP = "avcc-config"
 SECRET = "avcc-secrets"
 DATA_DIR = "/var/lib/avcc"
 BASE_PORT = Settings.model_fields["web_port"].default
-KAFKA_BOOTSTRAP = "kafka-bootstrap.kafka.svc:9092"
+KAFKA_BOOTSTRAP = "kafka-bootstrap.kafka.svc:9093"
+#: The Secret holding the CA that signed the brokers' certificates (key ``ca.pem``), mounted here.
+KAFKA_TLS_SECRET = "avcc-kafka-tls"
+KAFKA_TLS_DIR = "/etc/avcc/kafka-tls"
+#: KEDA reads lag as the ops group's principal (it DESCRIBEs every group and topic, nothing more).
+KEDA_AUTH = "avcc-keda-kafka"
+
+
+def kafka_login_secret(group: str) -> str:
+    """The Secret with the SASL login of ``group``'s own principal (``User:avcc-<group>``)."""
+    return f"avcc-kafka-{group}"
+
+
 #: Groups that serve HTTP beyond the probes: a Service is rendered for them.
 HTTP_GROUPS = {
     "code": "HTTP apply API",
@@ -117,6 +129,8 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
                             "envFrom": [
                                 {"configMapRef": {"name": CONFIGMAP}},
                                 {"secretRef": {"name": SECRET}},
+                                # the group's own Kafka principal (least privilege, `avcc kafka acls`)
+                                {"secretRef": {"name": kafka_login_secret(spec.name)}},
                             ],
                             # Bind every interface (ConfigMap), announce the pod's own IP to peers.
                             "env": [
@@ -148,11 +162,16 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
                             "volumeMounts": [
                                 {"name": "data", "mountPath": DATA_DIR},
                                 {"name": "tmp", "mountPath": "/tmp"},
+                                {"name": "kafka-tls", "mountPath": KAFKA_TLS_DIR, "readOnly": True},
                             ],
                         }
                     ],
                     # RocksDB tables are a cache of their changelog topics: rebuilt on start.
-                    "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [
+                        {"name": "data", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {}},
+                        {"name": "kafka-tls", "secret": {"secretName": KAFKA_TLS_SECRET}},
+                    ],
                 },
             },
         },
@@ -218,7 +237,10 @@ def _scaled_objects(rules: Iterable[LagRule]) -> dict[str, dict[str, Any]]:
                                 "lagThreshold": str(rule.max_lag),
                                 "offsetResetPolicy": "earliest",
                                 "allowIdleConsumers": "false",
+                                "sasl": "scram_sha512",
+                                "tls": "enable",
                             },
+                            "authenticationRef": {"name": KEDA_AUTH},
                         }
                     ],
                 },
@@ -233,6 +255,10 @@ def _configmap() -> dict[str, Any]:
         "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": "avcc"}},
         "data": {
             "AVCC_KAFKA_URL": f"kafka://{KAFKA_BOOTSTRAP}",
+            # each group logs in as its own principal: Secret avcc-kafka-<group> (secret.example.yaml)
+            "AVCC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "AVCC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "AVCC_KAFKA_SSL_CAFILE": f"{KAFKA_TLS_DIR}/ca.pem",
             # The same brokers in librdkafka spelling, for KEDA's Kafka scaler.
             "KAFKA_BOOTSTRAP_SERVERS": KAFKA_BOOTSTRAP,
             "AVCC_REPLICATION_FACTOR": "3",
@@ -246,15 +272,53 @@ def _configmap() -> dict[str, Any]:
     }
 
 
-def _secret_example() -> dict[str, Any]:
+def _secret(name: str, data: dict[str, str], component: str | None = None) -> dict[str, Any]:
+    labels = _labels(component) if component else {"app.kubernetes.io/name": "avcc"}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": SECRET, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": "avcc"}},
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
         "type": "Opaque",
-        "stringData": {
-            "AVCC_HMAC_KEYS": '{"partner-a": "CHANGE-ME"}',
-            "AVCC_OPERATOR_USERS": '{"ops": "CHANGE-ME"}',
+        "stringData": data,
+    }
+
+
+def _secret_examples() -> list[dict[str, Any]]:
+    """The shared Secret, the brokers' CA, and one Kafka login per group (its own principal)."""
+    shared = _secret(
+        SECRET,
+        {"AVCC_HMAC_KEYS": '{"partner-a": "CHANGE-ME"}', "AVCC_OPERATOR_USERS": '{"ops": "CHANGE-ME"}'},
+    )
+    tls = _secret(
+        KAFKA_TLS_SECRET, {"ca.pem": "-----BEGIN CERTIFICATE-----\nCHANGE-ME\n-----END CERTIFICATE-----\n"}
+    )
+    logins = [
+        _secret(
+            kafka_login_secret(spec.name),
+            {
+                "AVCC_KAFKA_SASL_USERNAME": consumer_group_id(spec.name),
+                "AVCC_KAFKA_SASL_PASSWORD": "CHANGE-ME",
+            },
+            spec.name,
+        )
+        for spec in GROUPS
+    ]
+    return [shared, tls, *logins]
+
+
+def _keda_authentication() -> dict[str, Any]:
+    """KEDA's login to Kafka: the ops group's principal and the brokers' CA."""
+    ops = kafka_login_secret("ops")
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "TriggerAuthentication",
+        "metadata": {"name": KEDA_AUTH, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": "avcc"}},
+        "spec": {
+            "secretTargetRef": [
+                {"parameter": "username", "name": ops, "key": "AVCC_KAFKA_SASL_USERNAME"},
+                {"parameter": "password", "name": ops, "key": "AVCC_KAFKA_SASL_PASSWORD"},
+                {"parameter": "ca", "name": KAFKA_TLS_SECRET, "key": "ca.pem"},
+            ]
         },
     }
 
@@ -268,7 +332,7 @@ def render_k8s(rules: Sequence[LagRule]) -> dict[str, str]:
     files["configmap.yaml"] = to_yaml(_configmap())
     files["secret.example.yaml"] = (
         "# Example only: create the real Secret out of band (sealed-secrets, external-secrets, kubectl).\n"
-        + to_yaml(_secret_example())
+        + to_yaml(*_secret_examples())
     )
     resources = ["namespace.yaml", "configmap.yaml"]
     for spec in GROUPS:
@@ -305,13 +369,15 @@ def render_k8s(rules: Sequence[LagRule]) -> dict[str, str]:
             "spec": {"groups": alert_groups(rules)},
         }
     )
-    resources += ["podmonitor.yaml", "prometheusrule.yaml"]
+    files["triggerauthentication.yaml"] = to_yaml(_keda_authentication())
+    resources += ["podmonitor.yaml", "prometheusrule.yaml", "triggerauthentication.yaml"]
     for group, scaled in sorted(_scaled_objects(rules).items()):
         name = f"scaledobject-{group}.yaml"
         files[name] = to_yaml(scaled)
         resources.append(name)
     files["kustomization.yaml"] = (
-        f"# The Secret {SECRET} (see secret.example.yaml) must exist before the workers start.\n"
+        f"# The Secrets {SECRET}, {KAFKA_TLS_SECRET} and {kafka_login_secret('<group>')} (see "
+        "secret.example.yaml) must exist before the workers start.\n"
         "# Needs the KEDA (ScaledObject) and Prometheus Operator (PodMonitor, PrometheusRule) CRDs.\n"
         + to_yaml(
             {

@@ -211,6 +211,7 @@ class KafkaKRaftBroker(ManagedServer):
             "--config",
             str(self.config_path),
             "--ignore-formatted",
+            *self._format_args(),
         ]
         done = subprocess.run(
             cmd, capture_output=True, text=True, timeout=120, check=False, cwd=self.data_dir
@@ -219,6 +220,10 @@ class KafkaKRaftBroker(ManagedServer):
             log.write(f"=== storage format: {' '.join(cmd)}\n{done.stdout}{done.stderr}")
         if done.returncode != 0:
             raise ServerStartError(f"kafka: storage format failed:\n{done.stdout}{done.stderr}")
+
+    def _format_args(self) -> list[str]:
+        """Further arguments of the storage format (a subclass adds its bootstrap users)."""
+        return []
 
     def _command(self) -> list[str]:
         return [*self._java_base(), "kafka.Kafka", str(self.config_path)]

@@ -40,6 +40,7 @@ from app.servers import (
     ensure_kafka_libs,
 )
 from app.servers.ganache import GanacheNode
+from app.servers.kafka_secure import KafkaSecureBroker
 from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -176,6 +177,17 @@ def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaf
     root = tmp_path_factory.mktemp("module-kafka")
     name = f"kafka ({root.name})"
     broker = _launch(name, lambda: KafkaKRaftBroker(root, ensure_kafka_libs(), die_with_parent=True))
+    yield broker
+    _shutdown(name, broker)
+
+
+@pytest.fixture(scope="module")
+def module_secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSecureBroker]:
+    """A Kafka broker of the requesting module that requires SASL_SSL (SCRAM-SHA-512, a CA of its
+    own) and authorizes every request by ACL; ``admin`` is its only client super user."""
+    root = tmp_path_factory.mktemp("kafka-secure")
+    name = f"secure kafka ({root.name})"
+    broker = _launch(name, lambda: KafkaSecureBroker(root, ensure_kafka_libs(), die_with_parent=True))
     yield broker
     _shutdown(name, broker)
 

@@ -45,8 +45,16 @@ ROOT = Path(__file__).resolve().parents[2]
 class Stack:
     """Worker processes of several groups sharing one broker, data under ``root``."""
 
-    def __init__(self, bootstrap: str, root: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        root: Path,
+        env: Mapping[str, str] | None = None,
+        group_env: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
+        #: Settings of one group's workers on top of ``env`` (e.g. each group's own Kafka login).
+        self.group_env = {group: dict(values) for group, values in (group_env or {}).items()}
         self.root = root
         self.workers: dict[tuple[str, int], ManagedProcess] = {}
         self.ports: dict[tuple[str, int], int] = {}
@@ -80,7 +88,12 @@ class Stack:
             port = next((p for (g, _), p in self.ports.items() if g == group), None) or free_port()
             host = self.host(index)
             data = self.root / f"{group}-{index}"
-            env = {**self.env, "AVCC_DATA_DIR": str(data), "AVCC_WEB_HOST": host}
+            env = {
+                **self.env,
+                **self.group_env.get(group, {}),
+                "AVCC_DATA_DIR": str(data),
+                "AVCC_WEB_HOST": host,
+            }
             argv = [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)]
             self.ports[key] = port
             self.workers[key] = ManagedProcess(

@@ -128,3 +128,18 @@ def test_validate_rejects_missing_fields_and_malformed_json() -> None:
 def test_validate_usage_errors_exit_2() -> None:
     assert run("validate").exit_code == 2
     assert run("validate", "topic.nope", stdin=b"{}").exit_code == 2
+
+
+def test_kafka_acls_plan_prints_each_group_s_grants() -> None:
+    from app.platform.kafka.acls import acl_plan
+
+    result = run("kafka", "acls", "plan", "--json")
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.output) == [g.as_dict() for g in acl_plan()]
+    gateway = run("kafka", "acls", "plan", "--group", "gateway")
+    assert gateway.exit_code == 0
+    lines = gateway.output.splitlines()[1:]
+    assert lines and all(line.startswith("User:avcc-gateway ") for line in lines)
+    assert any("WRITE" in line and "topic.playback.event" in line for line in lines)
+    unknown = run("kafka", "acls", "plan", "--group", "nope")
+    assert unknown.exit_code == 2 and "unknown group 'nope'" in unknown.output

@@ -86,12 +86,17 @@ def test_one_deployment_per_group_with_probes_on_the_worker_port(render: ModuleT
         assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "web"}
         assert {"configMapRef": {"name": "avcc-config"}} in container["envFrom"]
         assert {"secretRef": {"name": "avcc-secrets"}} in container["envFrom"]
+        assert {"secretRef": {"name": f"avcc-kafka-{spec.name}"}} in container["envFrom"]
         assert container["resources"]["requests"] and container["resources"]["limits"]
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
         assert (ROOT / "deploy" / "k8s" / f"deployment-{spec.name}.yaml").is_file()
     configmap = render._configmap()["data"]
     assert {"AVCC_KAFKA_URL", "AVCC_CLICKHOUSE_URL"} <= set(configmap)
-    assert "AVCC_HMAC_KEYS" in render._secret_example()["stringData"]
+    assert configmap["AVCC_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in render._secret_examples()}
+    assert "AVCC_HMAC_KEYS" in secrets["avcc-secrets"]
+    for spec in GROUPS:  # each group its own principal, the one its ACLs are planned for
+        assert secrets[f"avcc-kafka-{spec.name}"]["AVCC_KAFKA_SASL_USERNAME"] == f"avcc-{spec.name}"
 
 
 def test_yaml_emitter_quotes_what_yaml_would_misread(render: ModuleType) -> None:
@@ -157,3 +162,29 @@ def test_dockerfile_one_non_root_image_for_all_groups() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for entry in (".git", ".venv", "var", "deploy", "tests"):
         assert entry in ignored
+
+
+#: Kinds whose schemas come with their operators' CRDs, not with Kubernetes: validated by shape in
+#: the tests above (KEDA's ScaledObject and TriggerAuthentication, the Prometheus Operator's).
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"}
+
+
+def test_k8s_manifests_pass_the_kubernetes_schemas() -> None:
+    """Every built-in resource validates, strictly (no unknown field), against the newest
+    Kubernetes schema kubernetes-validate ships."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    checked: list[str] = []
+    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+        if path.name == "kustomization.yaml":  # kustomize's input, not a resource
+            continue
+        for document in yaml.safe_load_all(path.read_text()):
+            if document["kind"] in CRD_KINDS:
+                continue
+            kubernetes_validate.validate(document, version, strict=True)
+            checked.append(f"{path.name}:{document['kind']}/{document['metadata']['name']}")
+    print(f"{len(checked)} resources valid against Kubernetes {version}")
+    deployments = [c for c in checked if ":Deployment/" in c]
+    assert len(deployments) == len(GROUPS)
+    assert any(":Secret/avcc-kafka-code" in c for c in checked)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -24,12 +24,14 @@ from app.platform.kafka.clients import admin_client, consumer_config
 from app.platform.metrics import LAG_MONITOR_ERRORS
 from app.platform.settings import Settings
 
-__all__ = ["OffsetReader"]
+__all__ = ["LAG_READER_GROUP", "OffsetReader"]
 
 log = logging.getLogger(__name__)
 
 #: Most group consumers kept open between snapshots (least recently used ones are closed).
 _MAX_GROUP_CLIENTS = 64
+#: The group id of the watermark consumer; it never subscribes nor commits, so it never shows.
+LAG_READER_GROUP: Final = "avcc-lag-reader"
 
 
 def _close_quietly(client: Any) -> None:
@@ -67,7 +69,7 @@ class OffsetReader:
     def _watermark_consumer(self) -> Any:
         if self._consumer is None:
             # Never subscribes nor commits: the group id only satisfies librdkafka.
-            self._consumer = Consumer(consumer_config(self.settings, "avcc-lag-reader", "avcc-lag-reader"))
+            self._consumer = Consumer(consumer_config(self.settings, LAG_READER_GROUP, LAG_READER_GROUP))
         return self._consumer
 
     def close(self) -> None:
@@ -119,7 +121,7 @@ class OffsetReader:
         consumer = self._group_consumers.pop(group, None)
         if consumer is None:
             # reads the group's committed offsets only (never joins it)
-            consumer = Consumer(consumer_config(self.settings, group, "avcc-lag-reader"))
+            consumer = Consumer(consumer_config(self.settings, group, LAG_READER_GROUP))
         self._group_consumers[group] = consumer  # most recently used last
         while len(self._group_consumers) > _MAX_GROUP_CLIENTS:
             _, oldest = self._group_consumers.popitem(last=False)
@@ -142,7 +144,7 @@ class OffsetReader:
         prefix = self.config.group_prefix
         listed = {g.group_id: g for g in listing.valid}
         group_ids = {g for g in listed if g.startswith(prefix)}
-        group_ids.discard("avcc-lag-reader")
+        group_ids.discard(LAG_READER_GROUP)
         rule_pairs = {(group, rule.topic) for rule in self.config.rules for group in rule.groups}
         group_ids |= {group for group, _ in rule_pairs}
         errors: dict[str, str] = {}

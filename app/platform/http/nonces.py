@@ -35,12 +35,16 @@ from app.platform.kafka.producers import EventProducer
 from app.platform.settings import Settings
 from app.platform.topics import NONCES
 
-__all__ = ["LocalNonces", "NonceLedger", "NonceStore", "nonce_store"]
+__all__ = ["NONCE_READER_GROUP", "LocalNonces", "NonceLedger", "NonceStore", "nonce_store"]
 
 log = logging.getLogger(__name__)
 
 #: Longest wait for a claim's acknowledgement and read-back before the request gets a 503.
 CLAIM_TIMEOUT_S: Final = 5.0
+#: The client id of the ledger's clients, and (suffixed) its reader's group id: the reader assigns
+#: every partition and never commits, so the group id only satisfies the client.
+NONCE_CLIENT_ID: Final = "avcc-nonces"
+NONCE_READER_GROUP: Final = f"{NONCE_CLIENT_ID}-reader"
 #: Quiet time (no claim of this process pending, nothing read) after which the reader pauses
 #: its partitions: it fetches with a 10 ms wait, about 100 fetches a second, which kept the
 #: embedded broker (answering only when a fetch's wait expires) busy while nobody was signing.
@@ -79,7 +83,7 @@ class NonceLedger:
     """Nonce claims shared by every replica through ``topic.system.nonces`` (see module doc)."""
 
     def __init__(
-        self, settings: Settings, *, topic: str = NONCES.name, client_id: str = "avcc-nonces"
+        self, settings: Settings, *, topic: str = NONCES.name, client_id: str = NONCE_CLIENT_ID
     ) -> None:
         self.settings = settings
         self.topic = topic
