@@ -54,6 +54,28 @@ KAFKA_TLS_DIR = "/etc/avcc/kafka-tls"
 KEDA_AUTH = "avcc-keda-kafka"
 
 
+#: Every pod runs as a non-root user with the runtime's seccomp profile, every container read-only
+#: and without capabilities (the image is the same for all).
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+#: The chain group's one ledger (``avcc chain node``): every chain replica submits to it, so a
+#: scaled or rolling chain group never writes two ledgers.
+LEDGER = "avcc-ledger"
+LEDGER_PORT = 6075
+LEDGER_SECRET = "avcc-chain-node"
+LEDGER_URL = f"ledger://{LEDGER}.{NAMESPACE}.svc:{LEDGER_PORT}"
+
+
 def kafka_login_secret(group: str) -> str:
     """The Secret with the SASL login of ``group``'s own principal (``User:avcc-<group>``)."""
     return f"avcc-kafka-{group}"
@@ -112,13 +134,7 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
                 "spec": {
                     # faust commits offsets and flushes changelogs on SIGTERM.
                     "terminationGracePeriodSeconds": 60,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 10001,
-                        "runAsGroup": 10001,
-                        "fsGroup": 10001,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": POD_SECURITY,
                     "containers": [
                         {
                             "name": spec.name,
@@ -136,6 +152,7 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
                             "env": [
                                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                                 {"name": "AVCC_WEB_ADVERTISED_URL", "value": "http://$(POD_IP):{port}"},
+                                *(_ledger_client_env() if spec.name == "chain" else []),
                             ],
                             "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
                             "livenessProbe": {
@@ -154,11 +171,7 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
                                 "requests": {"cpu": cpu, "memory": memory},
                                 "limits": {"cpu": "1", "memory": memory_limit},
                             },
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [
                                 {"name": "data", "mountPath": DATA_DIR},
                                 {"name": "tmp", "mountPath": "/tmp"},
@@ -176,6 +189,93 @@ def _deployment(spec: GroupSpec) -> dict[str, Any]:
             },
         },
     }
+
+
+def _ledger_token() -> dict[str, Any]:
+    return {
+        "name": "AVCC_CHAIN_NODE_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": LEDGER_SECRET, "key": "token"}},
+    }
+
+
+def _ledger_client_env() -> list[dict[str, Any]]:
+    """A chain replica's settings: submit to the shared ledger node, with its token."""
+    return [{"name": "AVCC_CHAIN_URL", "value": LEDGER_URL}, _ledger_token()]
+
+
+def _ledger_node() -> list[dict[str, Any]]:
+    """The ledger node: one replica on a persistent volume, and its Service."""
+    labels = _labels("ledger")
+    probe = {"httpGet": {"path": "/health", "port": "ledger"}}
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": LEDGER, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            # one writer: never two ledgers, not even during a rollout (StatefulSets stop, then start)
+            "replicas": 1,
+            "serviceName": LEDGER,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": POD_SECURITY,
+                    "containers": [
+                        {
+                            "name": "ledger",
+                            "image": IMAGE,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": [
+                                "chain",
+                                "node",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                str(LEDGER_PORT),
+                                "--path",
+                                f"{DATA_DIR}/ledger",
+                            ],
+                            "ports": [{"name": "ledger", "containerPort": LEDGER_PORT, "protocol": "TCP"}],
+                            "env": [_ledger_token()],
+                            "readinessProbe": {**probe, "periodSeconds": 5, "timeoutSeconds": 5},
+                            "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "128Mi"},
+                                "limits": {"cpu": "1", "memory": "512Mi"},
+                            },
+                            "securityContext": CONTAINER_SECURITY,
+                            "volumeMounts": [{"name": "ledger", "mountPath": DATA_DIR}],
+                        }
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {"name": "ledger", "labels": labels},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "10Gi"}},
+                    },
+                }
+            ],
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": LEDGER,
+            "namespace": NAMESPACE,
+            "labels": labels,
+            "annotations": {"avcc/purpose": "the chain group's one ledger (avcc chain node)"},
+        },
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "ledger", "port": LEDGER_PORT, "targetPort": "ledger", "protocol": "TCP"}],
+        },
+    }
+    return [statefulset, service]
 
 
 def _service(spec: GroupSpec) -> dict[str, Any]:
@@ -303,7 +403,8 @@ def _secret_examples() -> list[dict[str, Any]]:
         )
         for spec in GROUPS
     ]
-    return [shared, tls, *logins]
+    ledger = _secret(LEDGER_SECRET, {"token": "CHANGE-ME (openssl rand -hex 24)"}, "ledger")
+    return [shared, tls, ledger, *logins]
 
 
 def _keda_authentication() -> dict[str, Any]:
@@ -334,7 +435,8 @@ def render_k8s(rules: Sequence[LagRule]) -> dict[str, str]:
         "# Example only: create the real Secret out of band (sealed-secrets, external-secrets, kubectl).\n"
         + to_yaml(*_secret_examples())
     )
-    resources = ["namespace.yaml", "configmap.yaml"]
+    files["statefulset-ledger.yaml"] = to_yaml(*_ledger_node())
+    resources = ["namespace.yaml", "configmap.yaml", "statefulset-ledger.yaml"]
     for spec in GROUPS:
         docs: list[Any] = [_deployment(spec)]
         if spec.name in HTTP_GROUPS:
@@ -376,8 +478,8 @@ def render_k8s(rules: Sequence[LagRule]) -> dict[str, str]:
         files[name] = to_yaml(scaled)
         resources.append(name)
     files["kustomization.yaml"] = (
-        f"# The Secrets {SECRET}, {KAFKA_TLS_SECRET} and {kafka_login_secret('<group>')} (see "
-        "secret.example.yaml) must exist before the workers start.\n"
+        f"# The Secrets {SECRET}, {KAFKA_TLS_SECRET}, {LEDGER_SECRET} and "
+        f"{kafka_login_secret('<group>')} (see secret.example.yaml) must exist before the workers start.\n"
         "# Needs the KEDA (ScaledObject) and Prometheus Operator (PodMonitor, PrometheusRule) CRDs.\n"
         + to_yaml(
             {

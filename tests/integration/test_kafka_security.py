@@ -209,7 +209,10 @@ def test_every_group_runs_end_to_end_as_its_own_principal(secured_stack: Stack) 
 
     marker = uuid.uuid4().hex[:6]
     batch = _playback_batch(marker, 5)
-    status, accepted = asyncio.run(stack.call("gateway", "POST", "/v1/playback/events", batch))
+    json_body = {"Content-Type": "application/json"}
+    status, accepted = asyncio.run(
+        stack.call("gateway", "POST", "/v1/playback/events", batch, headers=json_body)
+    )
     assert status == 202 and accepted["accepted"] == len(batch), accepted
     for item in batch:
         counted = wait_for(lambda code=item["avcc_code"]: _stats(stack, code)["events"] == 1 or None, 120)

@@ -188,3 +188,22 @@ def test_k8s_manifests_pass_the_kubernetes_schemas() -> None:
     deployments = [c for c in checked if ":Deployment/" in c]
     assert len(deployments) == len(GROUPS)
     assert any(":Secret/avcc-kafka-code" in c for c in checked)
+
+
+def test_a_scaled_chain_group_shares_one_ledger_node(render: ModuleType) -> None:
+    """Every chain replica submits to the one ledger node (a StatefulSet of one replica on a
+    volume), never to a ledger of its own: two ledgers would notarise a work twice."""
+    env = render._deployment(next(g for g in GROUPS if g.name == "chain"))["spec"]["template"]["spec"][
+        "containers"
+    ][0]["env"]
+    url = next(e["value"] for e in env if e["name"] == "AVCC_CHAIN_URL")
+    assert url == "ledger://avcc-ledger.avcc.svc:6075"
+    assert any(e["name"] == "AVCC_CHAIN_NODE_TOKEN" and "secretKeyRef" in e["valueFrom"] for e in env)
+    statefulset, service = render._ledger_node()
+    assert statefulset["kind"] == "StatefulSet" and statefulset["spec"]["replicas"] == 1
+    assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert service["spec"]["ports"][0]["port"] == 6075
+    for spec in GROUPS:
+        if spec.name != "chain":
+            other = render._deployment(spec)["spec"]["template"]["spec"]["containers"][0]["env"]
+            assert all(e["name"] != "AVCC_CHAIN_URL" for e in other)
