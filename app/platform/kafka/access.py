@@ -27,6 +27,7 @@ from app.platform.settings import Settings
 
 __all__ = [
     "EXIT_KAFKA_LOGIN_REFUSED",
+    "EXIT_KAFKA_UNAVAILABLE",
     "EXIT_NOT_AUTHORIZED",
     "KafkaAccessRefused",
     "check_kafka_access",
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 EXIT_NOT_AUTHORIZED: Final = 77
 #: Exit status of a worker that cannot log in: credentials, TLS trust, security protocol (EX_CONFIG).
 EXIT_KAFKA_LOGIN_REFUSED: Final = 78
+#: Exit status of a worker whose broker did not answer within :data:`CONNECT_WAIT_S` (EX_UNAVAILABLE).
+EXIT_KAFKA_UNAVAILABLE: Final = 69
+#: How long a starting worker waits for a broker that does not answer (restarting, not up yet)
+#: before it exits for its supervisor to start it again.
+CONNECT_WAIT_S: Final = 120.0
 
 #: Text librdkafka logs when a TLS client meets a plaintext listener.
 _PROTOCOL_HINT: Final = "security.protocol"
@@ -98,8 +104,11 @@ def _principal(settings: Settings) -> str:
     return f"User:{settings.kafka_sasl_username}" if settings.kafka_sasl_username else "the client"
 
 
-def _connected_admin(settings: Settings, *, wait_log_s: float = 10.0) -> AdminClient:
-    """An admin client that has fetched metadata; ``KafkaAccessRefused`` on a login refusal."""
+def _connected_admin(
+    settings: Settings, *, wait_s: float = CONNECT_WAIT_S, wait_log_s: float = 10.0
+) -> AdminClient:
+    """An admin client that has fetched metadata; ``KafkaAccessRefused`` on a login refusal, or
+    when the broker has not answered within ``wait_s``."""
     reasons = _Reasons()
     librdkafka_log = logging.getLogger("avcc.kafka.access.librdkafka")
     librdkafka_log.propagate = False
@@ -110,7 +119,8 @@ def _connected_admin(settings: Settings, *, wait_log_s: float = 10.0) -> AdminCl
         {**settings.kafka_client_config(), "error_cb": reasons.on_error, "logger": librdkafka_log}
     )
     where = f"Kafka at {settings.kafka_bootstrap} ({settings.kafka_security_protocol})"
-    next_log = time.monotonic() + wait_log_s
+    started = time.monotonic()
+    next_log = started + wait_log_s
     try:
         while True:
             try:
@@ -129,10 +139,15 @@ def _connected_admin(settings: Settings, *, wait_log_s: float = 10.0) -> AdminCl
                     f"AVCC_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: {mismatch}",
                     EXIT_KAFKA_LOGIN_REFUSED,
                 )
-            if time.monotonic() >= next_log:
-                last = reasons.failures[-1] if reasons.failures else "no answer"
+            last = reasons.failures[-1] if reasons.failures else "no answer"
+            now = time.monotonic()
+            if now - started >= wait_s:
+                raise KafkaAccessRefused(
+                    f"{where} did not answer within {wait_s:.0f} s: {last}", EXIT_KAFKA_UNAVAILABLE
+                )
+            if now >= next_log:
                 log.warning("waiting for %s: %s", where, last)
-                next_log = time.monotonic() + wait_log_s
+                next_log = now + wait_log_s
     finally:
         librdkafka_log.removeHandler(capture)
 

@@ -64,3 +64,17 @@ def test_an_acl_refusal_at_start_becomes_a_clear_exit() -> None:
     other = KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
     assert refused_by_acl(other, settings, group_spec("code")) is None
     assert refused_by_acl(ValueError("x"), settings, group_spec("code")) is None
+
+
+def test_a_broker_that_never_answers_ends_the_wait_with_its_own_status() -> None:
+    from app.platform.kafka.access import EXIT_KAFKA_UNAVAILABLE, KafkaAccessRefused, _connected_admin
+    from app.servers.process import free_port
+
+    settings = Settings(kafka_url=f"kafka://127.0.0.1:{free_port()}")  # nothing listens there
+    try:
+        _connected_admin(settings, wait_s=1.0)
+    except KafkaAccessRefused as refused:
+        assert refused.exit_code == EXIT_KAFKA_UNAVAILABLE
+        assert "did not answer within 1 s" in str(refused)
+    else:
+        raise AssertionError("a broker nobody runs was taken for an answer")
