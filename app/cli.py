@@ -114,6 +114,54 @@ def acls_apply() -> None:
     click.echo(f"{len(plan)} grants planned, {len(created)} created, {len(extra)} beyond the plan")
 
 
+@main.group()
+def clickhouse() -> None:
+    """The sink's ClickHouse tables: on one server, or on a cluster (AVCC_CLICKHOUSE_CLUSTER)."""
+
+
+@clickhouse.command("plan")
+@click.option("--cluster", default=None, help="Cluster name (default: AVCC_CLICKHOUSE_CLUSTER).")
+@click.option("--database", default="avcc", show_default=True, help="Database the tables go in.")
+def clickhouse_plan(cluster: str | None, database: str) -> None:
+    """Print the DDL of the sink's tables (no server needed)."""
+    from app.platform.settings import get_settings
+    from app.playback.sink.cluster import cluster_tables
+    from app.playback.sink.store import TABLE_COLUMNS, table_ddl
+
+    cluster = cluster or get_settings().clickhouse_cluster
+    if cluster:
+        statements = [table.ddl for table in cluster_tables(cluster, database)]
+    else:
+        statements = [table_ddl(table) for table in TABLE_COLUMNS]
+    click.echo(";\n\n".join(statements) + ";")
+
+
+@clickhouse.command("apply")
+def clickhouse_apply() -> None:
+    """Create the missing tables at AVCC_CLICKHOUSE_URL (on AVCC_CLICKHOUSE_CLUSTER if set) and
+    verify the rest; a table with another schema is reported (exit 1), never dropped."""
+    from app.platform.settings import get_settings
+    from app.playback.sink.clickhouse import connect
+    from app.playback.sink.store import ensure_schema
+
+    settings = get_settings()
+    backend = connect(settings.clickhouse_url, settings.data_dir, settings.clickhouse_cluster)
+    try:
+        report = ensure_schema(backend)
+    finally:
+        backend.close()
+    for table in report.created:
+        click.echo(f"created {table}")
+    for column in report.added_columns:
+        click.echo(f"added {column}")
+    for drift in report.type_drift:
+        click.echo(f"drift: {drift}", err=True)
+    if report.type_drift:
+        sys.exit(1)
+    if not report.created and not report.added_columns:
+        click.echo("no drift")
+
+
 @main.command()
 @click.argument("topic")
 @click.argument("file", type=click.File("rb"), default="-")

@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         description="`clickhouse://host:port/db` for a server, `chdb:///path` for embedded chDB "
         "(a relative path is resolved against the data dir).",
     )
+    clickhouse_cluster: str | None = Field(
+        None,
+        description="A ClickHouse cluster (`remote_servers` name) to run the sink's tables on: "
+        "`Replicated*MergeTree` tables per shard, `Distributed` tables over them (needs a "
+        "`clickhouse://` URL of any member). Unset: tables on the one server.",
+    )
     data_dir: Path = Field(Path("var"), description="Local state: RocksDB tables, ledger, chDB.")
     web_host: str = Field(
         "127.0.0.1",

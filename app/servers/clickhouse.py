@@ -68,7 +68,7 @@ _CONFIG = """\
     <builtin_dictionaries_reload_interval>3600</builtin_dictionaries_reload_interval>
     <max_session_timeout>3600</max_session_timeout>
     <default_session_timeout>60</default_session_timeout>
-</yandex>
+{extra}</yandex>
 """
 
 _USERS = """\
@@ -122,6 +122,7 @@ class ClickHouseServer(ManagedServer):
         http_port: int | None = None,
         *,
         timezone: str = "UTC",
+        extra_config: str = "",
         ready_timeout: float = 60.0,
         stop_timeout: float = 20.0,
         die_with_parent: bool = False,
@@ -132,6 +133,8 @@ class ClickHouseServer(ManagedServer):
         self.tcp_port = tcp_port if tcp_port is not None else free_port()
         self.http_port = http_port if http_port is not None else free_port()
         self.timezone = timezone
+        #: XML elements added inside ``<yandex>`` (a cluster member's remote servers, macros, ...).
+        self.extra_config = extra_config
 
     @property
     def host(self) -> str:
@@ -183,6 +186,7 @@ class ClickHouseServer(ManagedServer):
                 http_port=self.http_port,
                 users_config=escape(str(users)),
                 timezone=escape(self.timezone),
+                extra=self.extra_config,
                 **{key: escape(str(value)) for key, value in dirs.items()},
             )
         )

@@ -39,6 +39,7 @@ from app.servers import (
     ServerStartError,
     ensure_kafka_libs,
 )
+from app.servers.clickhouse_cluster import ClickHouseCluster
 from app.servers.ganache import GanacheNode
 from app.servers.kafka_secure import KafkaSecureBroker
 from tests.integration.stack import CORE_GROUPS, Stack
@@ -179,6 +180,17 @@ def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaf
     broker = _launch(name, lambda: KafkaKRaftBroker(root, ensure_kafka_libs(), die_with_parent=True))
     yield broker
     _shutdown(name, broker)
+
+
+@pytest.fixture(scope="module")
+def module_clickhouse_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseCluster]:
+    """2 shards x 2 replicas of ClickHouse 18.16 and a ZooKeeper (from the Kafka jars), named
+    ``avcc`` in their config, of the requesting module; a member a test kills is its to restart."""
+    root = tmp_path_factory.mktemp("clickhouse-cluster")
+    name = f"clickhouse cluster ({root.name})"
+    cluster = _launch(name, lambda: ClickHouseCluster(root, ensure_kafka_libs(), die_with_parent=True))
+    yield cluster
+    _shutdown(name, cluster)
 
 
 @pytest.fixture(scope="module")

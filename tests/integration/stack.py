@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ __all__ = [
     "create_topic",
     "issued_exactly_once",
     "record_when",
+    "run_avcc",
     "wait_for",
 ]
 
@@ -228,6 +230,22 @@ class Stack:
             if status != 503 or time.monotonic() >= deadline:
                 return status, answer
             await asyncio.sleep(float(answer.get("retry_after_s", 1)) if isinstance(answer, dict) else 1.0)
+
+
+def run_avcc(
+    args: list[str], env: Mapping[str, str], timeout: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """``avcc ARGS`` in a fresh process with ``env`` as its only ``AVCC_*`` settings; its output."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        env={**base, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _ready(host: str, port: int) -> bool:

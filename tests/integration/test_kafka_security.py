@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import secrets
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -41,10 +39,10 @@ from app.servers.tls import CertificateAuthority
 from tests.integration.stack import (
     API_KEY,
     API_SECRET,
-    ROOT,
     Stack,
     application,
     issued_exactly_once,
+    run_avcc,
     wait_for,
 )
 
@@ -69,26 +67,13 @@ class Secured:
         return self.broker.avcc_env(ADMIN_USER, self.broker.admin_password)
 
 
-def _avcc(args: list[str], env: dict[str, str], timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        env={**base, **env},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def secured(module_secure_kafka: KafkaSecureBroker) -> Secured:
     broker = module_secure_kafka
     admin = broker.avcc_env(ADMIN_USER, broker.admin_password)
-    topics = _avcc(["topics", "apply"], admin)
+    topics = run_avcc(["topics", "apply"], admin)
     assert topics.returncode == 0, topics.stdout + topics.stderr
-    acls = _avcc(["kafka", "acls", "apply"], admin)
+    acls = run_avcc(["kafka", "acls", "apply"], admin)
     assert acls.returncode == 0, acls.stdout + acls.stderr
     passwords = {group.name: secrets.token_urlsafe(18) for group in GROUPS}
     for group, password in passwords.items():
@@ -99,7 +84,7 @@ def secured(module_secure_kafka: KafkaSecureBroker) -> Secured:
 def test_acls_apply_creates_the_plan_once(secured: Secured) -> None:
     plan = acl_plan()
     assert f"{len(plan)} grants planned, {len(plan)} created, 0 beyond the plan" in secured.first_apply
-    again = _avcc(["kafka", "acls", "apply"], secured.admin_env())
+    again = run_avcc(["kafka", "acls", "apply"], secured.admin_env())
     assert again.returncode == 0, again.stderr
     assert f"{len(plan)} grants planned, 0 created, 0 beyond the plan" in again.stdout
     admin = AdminClient(secured.broker.admin_config())
@@ -112,7 +97,7 @@ def test_acls_apply_creates_the_plan_once(secured: Secured) -> None:
 
 
 def _refused(secured: Secured, group: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    done = _avcc(["worker", group], env, timeout=REFUSAL_S)
+    done = run_avcc(["worker", group], env, timeout=REFUSAL_S)
     for password in (*secured.passwords.values(), secured.broker.admin_password):
         assert password not in done.stdout + done.stderr, "a password is in the worker's output"
     return done

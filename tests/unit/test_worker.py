@@ -13,6 +13,7 @@ import pytest
 from faust.exceptions import ConsistencyError
 
 import app.platform.internal_topics as internal_topics
+import app.platform.kafka.access as access
 import app.platform.kafka.admin as admin
 from app.platform.groups import group_spec
 from app.worker import EXIT_TABLES_AHEAD_OF_BROKER, run_worker, tables_ahead_of_broker
@@ -43,6 +44,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, app: _FakeApp) -> SystemExit:
     monkeypatch.setattr(internal_topics, "group_app", lambda spec: app)
     monkeypatch.setattr(internal_topics, "worker_topics", lambda spec: [])
     monkeypatch.setattr(admin, "apply_plan", lambda settings, topics: SimpleNamespace(unfixed=[]))
+    monkeypatch.setattr(access, "check_kafka_access", lambda settings, spec: None)
     with pytest.raises(SystemExit) as exited:
         run_worker(SPEC, [])
     return exited.value

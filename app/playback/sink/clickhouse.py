@@ -34,6 +34,7 @@ __all__ = [
     "ClickHouseBackend",
     "DriverBackend",
     "connect",
+    "quote_cluster",
     "quote_identifier",
 ]
 
@@ -63,6 +64,13 @@ _TRANSIENT_SERVER_CODES = frozenset(
 )
 
 
+def quote_cluster(name: str) -> str:
+    """``name`` if it can name a cluster in DDL; ``ConfigurationError`` otherwise."""
+    if _IDENTIFIER.fullmatch(name) is None:
+        raise ConfigurationError(f"AVCC_CLICKHOUSE_CLUSTER must be a plain identifier, got {name!r}")
+    return name
+
+
 def quote_identifier(name: str) -> str:
     """``name`` if it is a plain identifier (tables, columns, databases); ``ValueError`` otherwise."""
     if _IDENTIFIER.fullmatch(name) is None:
@@ -76,6 +84,8 @@ class ClickHouseBackend(Protocol):
 
     #: Where the backend points, without credentials (for logs).
     description: str
+    #: The cluster the tables live on (``Distributed`` over replicated shards), ``None``: one server.
+    cluster: str | None
 
     @property
     def supports_dedup_token(self) -> bool:
@@ -130,11 +140,15 @@ class DriverBackend:
         connect_timeout: float = 3.0,
         send_receive_timeout: float = 60.0,
         secure: bool = False,
+        cluster: str | None = None,
     ) -> None:
         from clickhouse_driver import Client
 
         self.database = quote_identifier(database)
-        self.description = f"clickhouse://{host}:{port}/{database}"
+        self.description = f"clickhouse://{host}:{port}/{database}" + (
+            f" (cluster {cluster})" if cluster else ""
+        )
+        self.cluster = cluster
         self._lock = threading.Lock()
         options: dict[str, Any] = {
             "port": port,
@@ -220,6 +234,10 @@ class DriverBackend:
 
             def insert() -> None:
                 settings: dict[str, Any] = {}
+                if self.cluster is not None:
+                    # acknowledged only once every shard has its part: a failed insert is retried
+                    # whole, and each shard's replicas drop the sub-block they already hold
+                    settings["insert_distributed_sync"] = 1
                 if dedup_token is not None and self._dedup_token:
                     settings["insert_deduplication_token"] = dedup_token
                 self._client.execute(sql, data, columnar=True, settings=settings or None)
@@ -250,6 +268,8 @@ class ChdbBackend:
     without the ``Python`` table function, fall back to one ``JSONCompactColumns`` document.
     Results come back as ``JSONCompact``.
     """
+
+    cluster: str | None = None
 
     def __init__(self, path: Path) -> None:
         from chdb import session
@@ -413,8 +433,10 @@ def _chdb_error(exc: Exception, path: Path) -> Exception:
 # --- URL ---------------------------------------------------------------------------------------
 
 
-def connect(url: str, data_dir: Path) -> ClickHouseBackend:
+def connect(url: str, data_dir: Path, cluster: str | None = None) -> ClickHouseBackend:
     """The backend ``url`` names (see the module docstring); ``ConfigurationError`` on a bad URL.
+
+    ``cluster`` names the server's cluster the tables live on (``AVCC_CLICKHOUSE_CLUSTER``).
 
     A server is contacted lazily (first call); chDB opens its path at once. Either raises
     ``DependencyUnavailable`` when the store cannot be reached.
@@ -439,7 +461,10 @@ def connect(url: str, data_dir: Path) -> ClickHouseBackend:
             unquote(parsed.username) if parsed.username else "default",
             unquote(parsed.password) if parsed.password else "",
             secure=secure,
+            cluster=quote_cluster(cluster) if cluster else None,
         )
+    if cluster:
+        raise ConfigurationError("AVCC_CLICKHOUSE_CLUSTER needs a clickhouse:// server URL, not chDB")
     if parsed.scheme == "chdb":
         # chdb:///abs/path -> netloc "" + "/abs/path"; chdb://rel/path -> netloc "rel" + "/path".
         raw = unquote(parsed.netloc + parsed.path) if parsed.netloc else unquote(parsed.path)

@@ -38,13 +38,14 @@ class SinkRunner:
         self.topics = topics if topics is not None else SinkTopics.from_config(self.config)
         self.group_id = group_id or self.config.group_id or consumer_group_id(GROUP)
         self.clickhouse_url = clickhouse_url or settings.clickhouse_url
-        self.backend = connect(self.clickhouse_url, settings.data_dir)
+        cluster = settings.clickhouse_cluster
+        self.backend = connect(self.clickhouse_url, settings.data_dir, cluster)
         # Web queries get their own server connection (they never wait behind a 50k-row
         # insert); chDB is in-process and thread-safe: share it.
         self.query_backend: ClickHouseBackend = (
             self.backend
             if isinstance(self.backend, ChdbBackend)
-            else connect(self.clickhouse_url, settings.data_dir)
+            else connect(self.clickhouse_url, settings.data_dir, cluster)
         )
         self._dlq = DeadLetterProducer(settings, self.config.dlq_timeout_s)
         self.loop = SinkLoop(

@@ -27,17 +27,20 @@ __all__ = [
     "ANOMALY_INSERT_COLUMNS",
     "ANOMALY_TABLE",
     "DEDUP_WINDOW",
+    "ENGINES",
     "EVENT_TYPES",
     "MAX_ANOMALY_LIMIT",
     "PLAYBACK_COLUMNS",
     "PLAYBACK_INSERT_COLUMNS",
     "PLAYBACK_TABLE",
+    "TABLE_COLUMNS",
     "Column",
     "SchemaReport",
     "count_distinct_events",
     "ensure_schema",
     "list_anomalies",
     "playback_stats",
+    "table_ddl",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,11 +109,11 @@ PLAYBACK_INSERT_COLUMNS: Final = tuple(c.name for c in PLAYBACK_COLUMNS if c.def
 ANOMALY_INSERT_COLUMNS: Final = tuple(c.name for c in ANOMALY_COLUMNS if c.default is None)
 
 # Old-style MergeTree clauses work on 18.16 and on current releases alike.
-_ENGINES: Final[dict[str, str]] = {
+ENGINES: Final[dict[str, str]] = {
     PLAYBACK_TABLE: "ReplacingMergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (avcc_code, event_id)",
     ANOMALY_TABLE: "ReplacingMergeTree() PARTITION BY toYYYYMM(window_start) ORDER BY (rule, anomaly_id)",
 }
-_TABLE_COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
+TABLE_COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     PLAYBACK_TABLE: PLAYBACK_COLUMNS,
     ANOMALY_TABLE: ANOMALY_COLUMNS,
 }
@@ -131,18 +134,31 @@ class SchemaReport:
     type_drift: list[str] = field(default_factory=list)
 
 
+def table_ddl(table: str) -> str:
+    """``CREATE TABLE`` of ``table`` on a single server (in the connection's database)."""
+    body = ",\n    ".join(column.ddl() for column in TABLE_COLUMNS[table])
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n    {body}\n) ENGINE = {ENGINES[table]}"
+
+
 def ensure_schema(backend: ClickHouseBackend) -> SchemaReport:
     """Create the tables, add missing columns; idempotent and safe to run from every worker.
 
     Columns whose type differs from the code are reported (``type_drift``) and left alone: a
-    type change is an operator decision.
+    type change is an operator decision. On a cluster (``backend.cluster``) the tables are made
+    by :func:`app.playback.sink.cluster.ensure_cluster_schema`.
     """
+    if backend.cluster is not None:
+        from app.playback.sink.cluster import ensure_cluster_schema
+
+        report = ensure_cluster_schema(backend)
+        for drift in report.type_drift:
+            log.warning("ClickHouse schema drift on cluster %s: %s", backend.cluster, drift)
+        return report
     report = SchemaReport()
     existing = {str(row[0]) for row in backend.execute("SHOW TABLES")}
-    for table, columns in _TABLE_COLUMNS.items():
+    for table, columns in TABLE_COLUMNS.items():
         if table not in existing:
-            body = ",\n    ".join(column.ddl() for column in columns)
-            backend.execute(f"CREATE TABLE IF NOT EXISTS {table} (\n    {body}\n) ENGINE = {_ENGINES[table]}")
+            backend.execute(table_ddl(table))
             report.created.append(table)
         current = _columns(backend, table)
         for column in columns:

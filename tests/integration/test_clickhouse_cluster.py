@@ -1,0 +1,238 @@
+"""The sink on a replicated, sharded ClickHouse cluster (2 shards x 2 replicas, ZooKeeper), with
+members SIGKILLed under load: every event counted exactly once, on every replica."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from clickhouse_driver import Client
+
+from app.platform.kafka.admin import apply_plan
+from app.platform.settings import Settings
+from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.playback.sink.clickhouse import connect
+from app.playback.sink.cluster import LOCAL_SUFFIX
+from app.playback.sink.config import SinkTopics
+from app.playback.sink.store import PLAYBACK_TABLE, ensure_schema, playback_stats
+from app.servers import ClickHouseServer
+from app.servers.clickhouse_cluster import ClickHouseCluster
+from schemas.types import MAX_EPOCH_MS
+from tests.integration.stack import run_avcc
+from tests.integration.test_sink import Scenario, expected_stats, start_worker, wait_for
+
+CLUSTER = "avcc"
+#: Events through the sink while one replica of each shard is SIGKILLed and restarted.
+EVENTS = 200_000
+
+
+def _client(node: ClickHouseServer, database: str = "default") -> Client:
+    return Client("127.0.0.1", node.tcp_port, database=database, connect_timeout=3, send_receive_timeout=60)
+
+
+def _url(cluster: ClickHouseCluster, database: str) -> str:
+    return f"clickhouse://127.0.0.1:{cluster.nodes[0][0].tcp_port}/{database}"
+
+
+def test_plan_and_apply_create_the_tables_on_every_member_then_verify_them(
+    module_clickhouse_cluster: ClickHouseCluster,
+) -> None:
+    cluster = module_clickhouse_cluster
+    database = f"plan_{uuid.uuid4().hex[:8]}"
+    env = {"AVCC_CLICKHOUSE_URL": _url(cluster, database), "AVCC_CLICKHOUSE_CLUSTER": CLUSTER}
+    plan = run_avcc(["clickhouse", "plan", "--database", database], env)
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count(f"ON CLUSTER {CLUSTER}") == 4
+    assert "ReplicatedReplacingMergeTree" in plan.stdout and "Distributed(" in plan.stdout
+
+    first = run_avcc(["clickhouse", "apply"], env, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert sorted(line.split()[1] for line in first.stdout.splitlines() if line.startswith("created")) == [
+        "playback_anomalies",
+        "playback_anomalies_local",
+        "playback_events",
+        "playback_events_local",
+    ]
+    again = run_avcc(["clickhouse", "apply"], env, timeout=300)
+    assert again.returncode == 0 and "no drift" in again.stdout, again.stdout + again.stderr
+    for node in cluster.members:
+        engines = dict(
+            _client(node).execute(
+                "SELECT name, engine FROM system.tables WHERE database = %(db)s", {"db": database}
+            )
+        )
+        assert engines == {
+            "playback_events": "Distributed",
+            "playback_events_local": "ReplicatedReplacingMergeTree",
+            "playback_anomalies": "Distributed",
+            "playback_anomalies_local": "ReplicatedReplacingMergeTree",
+        }, node.data_dir.name
+
+
+def test_a_table_of_another_schema_is_reported_never_dropped(
+    module_clickhouse_cluster: ClickHouseCluster,
+) -> None:
+    cluster = module_clickhouse_cluster
+    database = f"drift_{uuid.uuid4().hex[:8]}"
+    first = _client(cluster.nodes[0][0])
+    first.execute(f"CREATE DATABASE {database} ON CLUSTER {CLUSTER}")
+    first.execute(
+        f"CREATE TABLE {database}.playback_anomalies ON CLUSTER {CLUSTER} (x UInt8) "
+        "ENGINE = MergeTree() ORDER BY x"
+    )
+    first.execute(f"INSERT INTO {database}.playback_anomalies VALUES", [(7,)])
+    env = {"AVCC_CLICKHOUSE_URL": _url(cluster, database), "AVCC_CLICKHOUSE_CLUSTER": CLUSTER}
+    done = run_avcc(["clickhouse", "apply"], env, timeout=300)
+    assert done.returncode == 1
+    assert "drift: playback_anomalies: engine MergeTree (code expects Distributed)" in done.stderr
+    assert first.execute(f"SELECT x FROM {database}.playback_anomalies") == [(7,)]
+
+
+def _replica_counts(cluster: ClickHouseCluster, database: str) -> dict[str, tuple[int, int]]:
+    """(distinct event ids, rows after FINAL) of each member's local table."""
+    counts: dict[str, tuple[int, int]] = {}
+    for node in cluster.members:
+        rows = _client(node, database).execute(
+            f"SELECT uniqExact(event_id), count() FROM {PLAYBACK_TABLE}{LOCAL_SUFFIX} FINAL"
+        )
+        counts[node.data_dir.name] = (int(rows[0][0]), int(rows[0][1]))
+    return counts
+
+
+def _scenario(cluster: ClickHouseCluster, broker: Any, tmp_path: Path) -> tuple[Scenario, str]:
+    """Topics, group and database of one test's sink on the cluster, its tables made."""
+    unique = uuid.uuid4().hex[:8]
+    database = f"sink_{unique}"
+    settings = Settings(
+        kafka_url=f"kafka://{broker.bootstrap}",
+        kafka_session_timeout_ms=6000,
+        clickhouse_url=_url(cluster, database),
+        clickhouse_cluster=CLUSTER,
+        data_dir=tmp_path,
+        dev_mode=True,
+    )
+    specs = [dataclasses.replace(s, name=f"{s.name}.{unique}") for s in (PLAYBACK_EVENT, ANOMALY, DLQ)]
+    assert not apply_plan(settings, specs).unfixed
+    topics = SinkTopics(*(s.name for s in specs))
+    scenario = Scenario(settings, topics, f"test-sink-{unique}", settings.clickhouse_url, unique)
+    backend = connect(settings.clickhouse_url, tmp_path, CLUSTER)
+    try:
+        assert ensure_schema(backend).created  # made by the test, so reads can start at once
+    finally:
+        backend.close()
+    return scenario, database
+
+
+def _sink(scenario: Scenario, tmp_path: Path) -> subprocess.Popen[bytes]:
+    return start_worker(
+        scenario,
+        tmp_path / "sink.log",
+        AVCC_CLICKHOUSE_CLUSTER=CLUSTER,
+        AVCC_SINK_BATCH_MAX_ROWS="5000",
+        AVCC_SINK_CONSUME_CHUNK="5000",
+    )
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def _stored(scenario: Scenario, events: int) -> dict[str, Any]:
+    """The stats through the Distributed table, once they count at least ``events``."""
+    backend = connect(scenario.clickhouse_url, scenario.settings.data_dir, CLUSTER)
+    try:
+
+        def stored() -> bool:
+            return bool(playback_stats(backend, None, 0, MAX_EPOCH_MS)["events"] >= events)
+
+        wait_for(stored, 300, f"{events} events through the cluster")
+        return playback_stats(backend, None, 0, MAX_EPOCH_MS)
+    finally:
+        backend.close()
+
+
+def _exactly_once_everywhere(
+    cluster: ClickHouseCluster, scenario: Scenario, database: str, events: int
+) -> None:
+    """The stats through the Distributed table count ``events`` once each; then every replica of
+    every shard holds the same events, none twice, and the shards add up to ``events``."""
+    assert _stored(scenario, events) == expected_stats(events)
+
+    def replicated() -> bool:
+        counts = _replica_counts(cluster, database)
+        shards = [[counts[n.data_dir.name] for n in row] for row in cluster.nodes]
+        return all(len(set(row)) == 1 for row in shards) and sum(row[0][0] for row in shards) == events
+
+    wait_for(replicated, 180, "every replica to hold its shard's events")
+    counts = _replica_counts(cluster, database)
+    print(f"per replica (distinct events, rows after FINAL): {counts}; total {events}")
+    for distinct, rows in counts.values():
+        assert distinct == rows, counts
+    assert sum(counts[row[0].data_dir.name][0] for row in cluster.nodes) == events
+
+
+def test_replica_kills_under_load_lose_and_duplicate_nothing_on_any_replica(
+    module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path
+) -> None:
+    cluster = module_clickhouse_cluster
+    scenario, database = _scenario(cluster, broker, tmp_path)
+    worker = _sink(scenario, tmp_path)
+    victims = [cluster.nodes[0][1], cluster.nodes[1][0]]  # one replica of each shard
+    quarter = EVENTS // 4
+    try:
+        scenario.produce(scenario.playback(range(0, quarter)))
+        victims[0].kill()
+        scenario.produce(scenario.playback(range(quarter, 2 * quarter)))
+        victims[0].start()
+        victims[1].kill()
+        scenario.produce(scenario.playback(range(2 * quarter, 3 * quarter)))
+        victims[1].start()
+        scenario.produce(scenario.playback(range(3 * quarter, EVENTS)))
+        scenario.produce(scenario.playback(range(0, 1000)))  # redelivered: counted once all the same
+        _exactly_once_everywhere(cluster, scenario, database, EVENTS)
+    finally:
+        for node in victims:
+            node.start()
+        _stop(worker)
+
+
+#: How long a whole shard stays down while events keep coming.
+SHARD_DOWN_S = 30.0
+
+
+def test_a_whole_shard_down_for_30_s_backs_the_sink_off_and_loses_nothing(
+    module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path
+) -> None:
+    cluster = module_clickhouse_cluster
+    scenario, database = _scenario(cluster, broker, tmp_path)
+    worker = _sink(scenario, tmp_path)
+    shard = cluster.nodes[1]
+    events = 20_000
+    try:
+        scenario.produce(scenario.playback(range(0, events // 2)))
+        _stored(scenario, events // 2)  # the sink is at work before the shard goes
+        for node in shard:
+            node.kill()
+        down_since = time.monotonic()
+        scenario.produce(scenario.playback(range(events // 2, events)))
+        time.sleep(max(0.0, SHARD_DOWN_S - (time.monotonic() - down_since)))
+        assert worker.poll() is None, "the sink died while a shard was down"
+        for node in shard:
+            node.start()
+        _exactly_once_everywhere(cluster, scenario, database, events)
+        log = (tmp_path / "sink.log").read_text()
+        assert "storing a batch of" in log and "retry in" in log, "the sink never backed off"
+    finally:
+        for node in shard:
+            node.start()
+        _stop(worker)
