@@ -3,9 +3,12 @@ members SIGKILLed under load: every event counted exactly once, on every replica
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,18 +16,30 @@ from typing import Any
 
 from clickhouse_driver import Client
 
+from app.ops.lag.lifecycle import AlertEvent
+from app.ops.lag.monitor import LagMonitor
+from app.ops.lag.settings import LagRule, LagSettings, default_rules
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
-from app.playback.sink.clickhouse import connect
+from app.playback.sink.clickhouse import ClickHouseBackend, connect
 from app.playback.sink.cluster import LOCAL_SUFFIX
 from app.playback.sink.config import SinkTopics
-from app.playback.sink.store import PLAYBACK_TABLE, ensure_schema, playback_stats
+from app.playback.sink.store import (
+    ANOMALY_INSERT_COLUMNS,
+    ANOMALY_TABLE,
+    PLAYBACK_INSERT_COLUMNS,
+    PLAYBACK_TABLE,
+    count_distinct_events,
+    ensure_schema,
+    list_anomalies,
+    playback_stats,
+)
 from app.servers import ClickHouseServer
 from app.servers.clickhouse_cluster import ClickHouseCluster
 from schemas.types import MAX_EPOCH_MS
 from tests.integration.stack import run_avcc
-from tests.integration.test_sink import Scenario, expected_stats, start_worker, wait_for
+from tests.integration.test_sink import T0, Scenario, expected_stats, start_worker, wait_for
 
 CLUSTER = "avcc"
 #: Events through the sink while one replica of each shard is SIGKILLed and restarted.
@@ -206,16 +221,40 @@ def test_replica_kills_under_load_lose_and_duplicate_nothing_on_any_replica(
         _stop(worker)
 
 
-#: How long a whole shard stays down while events keep coming.
+def _playback_lag_monitor(scenario: Scenario) -> tuple[LagMonitor, LagRule]:
+    """The lag monitor with the pipeline's playback lag rule, pointed at this test's topic and
+    group, at a threshold below the events queued while the shard is down."""
+    rule = next(r for r in default_rules() if r.topic == PLAYBACK_EVENT.name)
+    rule = rule.model_copy(
+        update={"topic": scenario.topics.playback, "groups": (scenario.group_id,), "max_lag": LAG_THRESHOLD}
+    )
+    return LagMonitor(scenario.settings, LagSettings(rules=(rule,), interval_s=1.0), sinks=[]), rule
+
+
+async def _until(monitor: LagMonitor, kind: str, deadline_s: float) -> AlertEvent:
+    """Tick ``monitor`` until its rule sends a ``kind`` event (``firing``/``resolved``)."""
+    started = time.monotonic()
+    while True:
+        report = await monitor.tick()
+        events = [e for e in report.events if e.kind == kind]
+        if events:
+            return events[0]
+        assert time.monotonic() - started < deadline_s, f"the playback lag alert was not {kind}"
+        await asyncio.sleep(1.0)
+
+
+#: How long a whole shard stays down while events keep coming, and the lag that fires the alert.
 SHARD_DOWN_S = 30.0
+LAG_THRESHOLD = 5_000
 
 
-def test_a_whole_shard_down_for_30_s_backs_the_sink_off_and_loses_nothing(
+def test_a_whole_shard_down_for_30_s_backs_the_sink_off_loses_nothing_and_alerts(
     module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path
 ) -> None:
     cluster = module_clickhouse_cluster
     scenario, database = _scenario(cluster, broker, tmp_path)
     worker = _sink(scenario, tmp_path)
+    monitor, rule = _playback_lag_monitor(scenario)
     shard = cluster.nodes[1]
     events = 20_000
     try:
@@ -225,14 +264,139 @@ def test_a_whole_shard_down_for_30_s_backs_the_sink_off_and_loses_nothing(
             node.kill()
         down_since = time.monotonic()
         scenario.produce(scenario.playback(range(events // 2, events)))
+        fired = asyncio.run(_until(monitor, "firing", SHARD_DOWN_S))
+        assert fired.lag > LAG_THRESHOLD and fired.rule.name == rule.name == "AvccPlaybackEventLag"
+        print(f"lag alert fired {time.monotonic() - down_since:.1f} s into the outage, lag {fired.lag}")
         time.sleep(max(0.0, SHARD_DOWN_S - (time.monotonic() - down_since)))
         assert worker.poll() is None, "the sink died while a shard was down"
         for node in shard:
             node.start()
         _exactly_once_everywhere(cluster, scenario, database, events)
+        resolved = asyncio.run(_until(monitor, "resolved", 120))
+        print(f"lag alert resolved, lag {resolved.lag}")
         log = (tmp_path / "sink.log").read_text()
         assert "storing a batch of" in log and "retry in" in log, "the sink never backed off"
     finally:
         for node in shard:
             node.start()
         _stop(worker)
+        asyncio.run(monitor.close())
+
+
+# --- the same answers everywhere -----------------------------------------------------------------
+
+#: Runs in a process of its own (chDB serves one data path per process): inserts the blocks of
+#: ``argv[2]`` into chDB at ``argv[1]`` and prints the answers of :func:`_answers`.
+_CHDB_SIDE = """
+import json, sys
+from pathlib import Path
+from app.playback.sink.clickhouse import ClickHouseBackend, connect
+from tests.integration.test_clickhouse_cluster import _answers, _load
+backend = connect("chdb://" + sys.argv[1], Path(sys.argv[1]))
+_load(backend, json.loads(Path(sys.argv[2]).read_text()))
+print(json.dumps(_answers(backend)))
+"""
+CODES = [f"MA.156.10005.8361/EQ{k:03d}" for k in range(7)]
+
+
+def _blocks() -> list[dict[str, Any]]:
+    """Playback and anomaly blocks with duplicates across blocks (redeliveries)."""
+    events = [
+        [
+            f"eq-{i}",
+            T0 + i * 1000,
+            "gateway-svc",
+            CODES[i % len(CODES)],
+            "8361",
+            f"sha256:{i % 53:064x}",
+            ("play", "complete", "purchase")[i % 3],
+            i % 600,
+            125 if i % 3 == 2 else 0,
+            "",
+            i % 24,
+            i,
+        ]
+        for i in range(3000)
+    ]
+    anomalies = [
+        [
+            f"anomaly-{k}",
+            ("traffic_spike", "revenue_drop")[k % 2],
+            CODES[k % len(CODES)],
+            "8361",
+            "",
+            T0 + k * 60_000,
+            T0 + (k + 1) * 60_000,
+            100.0 + k,
+            None if k % 4 == 0 else 10.0,
+            50.0,
+            f'{{"events": {100 + k}}}',
+            T0 + (k + 1) * 60_000,
+            f"eq-{k}",
+            "anomaly-svc",
+            k % 6,
+            k,
+        ]
+        for k in range(20)
+    ]
+    return [
+        {"table": PLAYBACK_TABLE, "rows": events[:2000]},
+        {"table": PLAYBACK_TABLE, "rows": events[1700:]},  # 300 redelivered
+        {"table": ANOMALY_TABLE, "rows": anomalies[:15]},
+        {"table": ANOMALY_TABLE, "rows": anomalies[10:]},  # 5 redelivered
+    ]
+
+
+def _load(backend: ClickHouseBackend, blocks: list[dict[str, Any]]) -> None:
+    ensure_schema(backend)
+    for block in blocks:
+        names = PLAYBACK_INSERT_COLUMNS if block["table"] == PLAYBACK_TABLE else ANOMALY_INSERT_COLUMNS
+        columns = [list(column) for column in zip(*block["rows"], strict=True)]
+        backend.insert_columns(block["table"], names, columns)
+
+
+def _answers(backend: ClickHouseBackend) -> dict[str, Any]:
+    """What the stats and anomaly routes would answer, over several filters."""
+    return {
+        "all": playback_stats(backend, None, 0, MAX_EPOCH_MS),
+        "codes": [playback_stats(backend, code, 0, MAX_EPOCH_MS) for code in CODES],
+        "range": playback_stats(backend, None, T0 + 500_000, T0 + 2_500_000),
+        "distinct": count_distinct_events(backend),
+        "anomalies": list_anomalies(backend, None, None, 0, MAX_EPOCH_MS, 100),
+        "by_rule": list_anomalies(backend, None, "revenue_drop", 0, MAX_EPOCH_MS, 5),
+        "by_code": list_anomalies(backend, CODES[3], None, T0, T0 + 10 * 60_000, 100),
+    }
+
+
+def test_the_same_queries_answer_the_same_on_chdb_one_server_and_the_cluster(
+    module_clickhouse_cluster: ClickHouseCluster, clickhouse_server: ClickHouseServer, tmp_path: Path
+) -> None:
+    blocks = _blocks()
+    data = tmp_path / "blocks.json"
+    data.write_text(json.dumps(blocks))
+    chdb = subprocess.run(
+        [sys.executable, "-c", _CHDB_SIDE, str(tmp_path / "chdb"), str(data)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    answers = {"chdb": json.loads(chdb.stdout.strip().splitlines()[-1])}
+    database = f"same_{uuid.uuid4().hex[:8]}"
+    single_url = f"clickhouse://127.0.0.1:{clickhouse_server.tcp_port}/{database}"
+    for name, backend in (
+        ("one server", connect(single_url, tmp_path)),
+        ("cluster", connect(_url(module_clickhouse_cluster, database), tmp_path, CLUSTER)),
+    ):
+        try:
+            _load(backend, blocks)
+            answers[name] = json.loads(json.dumps(_answers(backend)))
+        finally:
+            backend.close()
+    reference = answers["chdb"]
+    assert reference["distinct"] == 3000 and reference["all"]["events"] == 3000
+    assert len(reference["anomalies"]) == 20 and len(reference["by_rule"]) == 5
+    print(f"the same answers on {', '.join(answers)}: {reference['all']}")
+    for name, answer in answers.items():
+        assert answer == reference, name
