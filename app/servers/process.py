@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 __all__ = [
     "LOOPBACK",
@@ -27,9 +27,15 @@ __all__ = [
     "free_port",
     "free_port_block",
     "port_is_open",
+    "stop_together",
 ]
 
 LOOPBACK = "127.0.0.1"
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> Any: ...
+
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_BYTES = 4000
@@ -64,6 +70,28 @@ def _bindable(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def stop_together(members: Iterable[_Stoppable]) -> None:
+    """``stop()`` every member at once, each in a thread, and wait for all (the first failure
+    is raised after). A KRaft cluster stopped node by node loses its controller quorum after
+    the first node, and each later node waits out its stop timeout for a controlled shutdown
+    that can no longer complete; workers stopped one by one add up their shutdown times."""
+    failures: list[BaseException] = []
+
+    def stop(member: _Stoppable) -> None:
+        try:
+            member.stop()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=stop, args=(m,), name="stop-together") for m in members]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -20,7 +20,7 @@ import orjson
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.http.auth import sign_request
-from app.servers.process import ManagedProcess, free_port
+from app.servers.process import ManagedProcess, free_port, stop_together
 from bench.data import o_level_application
 
 __all__ = [
@@ -177,11 +177,10 @@ class Stack:
         threading.Thread(target=loop, name="stack-supervisor", daemon=True).start()
 
     def stop_all(self) -> None:
-        """Stop every worker (SIGTERM, then SIGKILL after the stop timeout)."""
+        """Stop every worker at once (SIGTERM, then SIGKILL after the stop timeout)."""
         self._supervising.clear()
         self.stopped.update(self.workers)
-        for process in self.workers.values():
-            process.stop()
+        stop_together(self.workers.values())
 
     def logs(self, groups: Iterable[str] | None = None) -> str:
         """Tails of worker logs, for assertion messages."""
