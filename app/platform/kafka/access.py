@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from app.platform.faust.app import consumer_group_id
 from app.platform.groups import GroupSpec
 from app.platform.kafka.acls import AclGrant, acl_plan, group_principal
+from app.platform.kafka.tls_probe import listener_speaks_tls
 from app.platform.settings import Settings
 
 __all__ = [
@@ -53,6 +54,10 @@ _PROTOCOL_HINT: Final = "security.protocol"
 #: (the broker took the request for a TLS handshake); a broker that is not up refuses the connection.
 _CLOSED_BEFORE_ANSWER: Final = "in state APIVERSION_QUERY"
 _CLOSED_BEFORE_ANSWER_TIMES: Final = 3
+#: How long a plaintext client waits for a first answer before it checks whether the listener
+#: speaks TLS, and how often it checks again while there is no answer.
+_TLS_PROBE_AFTER_S: Final = 2.0
+_TLS_PROBE_EVERY_S: Final = 10.0
 _FATAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 _REQUEST_S: Final = 15.0
 
@@ -121,6 +126,7 @@ def _connected_admin(
     where = f"Kafka at {settings.kafka_bootstrap} ({settings.kafka_security_protocol})"
     started = time.monotonic()
     next_log = started + wait_log_s
+    next_probe = started + _TLS_PROBE_AFTER_S if "SSL" not in settings.kafka_security_protocol else None
     try:
         while True:
             try:
@@ -141,6 +147,15 @@ def _connected_admin(
                 )
             last = reasons.failures[-1] if reasons.failures else "no answer"
             now = time.monotonic()
+            if next_probe is not None and now >= next_probe:
+                next_probe = now + _TLS_PROBE_EVERY_S
+                if listener_speaks_tls(settings.kafka_bootstrap):
+                    raise KafkaAccessRefused(
+                        f"{where}: the broker's listener speaks another protocol than "
+                        f"AVCC_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: it answers "
+                        "a TLS handshake (use SSL or SASL_SSL)",
+                        EXIT_KAFKA_LOGIN_REFUSED,
+                    )
             if now - started >= wait_s:
                 raise KafkaAccessRefused(
                     f"{where} did not answer within {wait_s:.0f} s: {last}", EXIT_KAFKA_UNAVAILABLE
