@@ -4,24 +4,31 @@ members SIGKILLed under load: every event counted exactly once, on every replica
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 from clickhouse_driver import Client
 
 from app.ops.lag.lifecycle import AlertEvent
 from app.ops.lag.monitor import LagMonitor
 from app.ops.lag.settings import LagRule, LagSettings, default_rules
+from app.platform.http.auth import sign_request
+from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
-from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT, TOPIC_PLAN
 from app.playback.sink.clickhouse import ClickHouseBackend, connect
 from app.playback.sink.cluster import LOCAL_SUFFIX
 from app.playback.sink.config import SinkTopics
@@ -38,11 +45,19 @@ from app.playback.sink.store import (
 from app.servers import ClickHouseServer
 from app.servers.clickhouse_cluster import ClickHouseCluster
 from schemas.types import MAX_EPOCH_MS
-from tests.integration.stack import run_avcc
-from tests.integration.test_sink import T0, Scenario, expected_stats, start_worker, wait_for
+from tests.integration.stack import API_KEY, API_SECRET, Stack, run_avcc
+from tests.integration.test_sink import (
+    T0,
+    Scenario,
+    anomaly_value,
+    expected_stats,
+    playback_payload,
+    start_worker,
+    wait_for,
+)
 
 CLUSTER = "avcc"
-#: Events through the sink while one replica of each shard is SIGKILLed and restarted.
+#: Events posted through the gateway while one replica of each shard is SIGKILLed and restarted.
 EVENTS = 200_000
 
 
@@ -196,29 +211,136 @@ def _exactly_once_everywhere(
     assert sum(counts[row[0].data_dir.name][0] for row in cluster.nodes) == events
 
 
-def test_replica_kills_under_load_lose_and_duplicate_nothing_on_any_replica(
-    module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path
+#: Items per partner batch posted to the gateway.
+BATCH = 5_000
+GATEWAY_ROUTE = "/v1/playback/events"
+OPERATOR, PASSWORD = "operator", "operator-pass"
+ANOMALIES = 5
+
+
+def _partner_item(i: int, run: str) -> dict[str, Any]:
+    """Item ``i`` as a partner posts it: test_sink's event ``i`` (so :func:`expected_stats`
+    holds), its event id derived from ``idempotency_id`` by the gateway."""
+    return {**playback_payload(i), "idempotency_id": f"{run}-{i}"}
+
+
+def _post(stack: Stack, indexes: range, run: str) -> None:
+    """POST items ``indexes`` through the gateway worker in batches of :data:`BATCH`, signed; a
+    429 is posted again after its ``Retry-After``; every item must be accepted."""
+    for first in range(indexes.start, indexes.stop, BATCH):
+        items = [_partner_item(i, run) for i in range(first, min(first + BATCH, indexes.stop))]
+        body = orjson.dumps(items)
+        while True:
+            headers = sign_request("POST", GATEWAY_ROUTE, body, API_KEY, API_SECRET)
+            request = urllib.request.Request(
+                stack.url("gateway") + GATEWAY_ROUTE,
+                data=body,
+                method="POST",
+                headers={**headers, "Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answer = orjson.loads(response.read())
+                    assert response.status == 202, answer
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 429, exc.read()
+                time.sleep(float(exc.headers.get("Retry-After", "1")))
+                continue
+            assert answer["accepted"] == len(items) and answer["rejected"] == 0, answer
+            break
+
+
+def _signed_get(stack: Stack, group: str, path_qs: str) -> Any:
+    """The JSON answer of a signed ``GET`` to a worker of ``group``."""
+    headers = sign_request("GET", path_qs, b"", API_KEY, API_SECRET)
+    request = urllib.request.Request(stack.url(group) + path_qs, headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+        return orjson.loads(response.read())
+
+
+def _console_home(stack: Stack) -> str:
+    """The ops console's overview page, as the operator sees it."""
+    login = base64.b64encode(f"{OPERATOR}:{PASSWORD}".encode()).decode()
+    request = urllib.request.Request(stack.url("ops") + "/", headers={"Authorization": f"Basic {login}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+        return str(response.read().decode())
+
+
+def _gateway_stack(scenario: Scenario, root: Path) -> Stack:
+    """Gateway, sink (on the cluster) and ops console workers on the module's broker: the
+    gateway writes the scenario's playback topic, the console reads the sink."""
+    env = {k: v for k, v in scenario.env().items() if k.startswith("AVCC_")}
+    env.update(
+        AVCC_CLICKHOUSE_CLUSTER=CLUSTER,
+        AVCC_SINK_BATCH_MAX_ROWS="5000",
+        AVCC_SINK_CONSUME_CHUNK="5000",
+        AVCC_GATEWAY_TOPIC=scenario.topics.playback,
+        AVCC_CONSOLE_KEY_ID=API_KEY,
+    )
+    stack = Stack(scenario.settings.kafka_url.removeprefix("kafka://"), root, env=env)
+    stack.start("gateway", "sink")
+    stack.env["AVCC_CONSOLE_SINK_URL"] = stack.url("sink")
+    stack.start("ops")
+    return stack
+
+
+def test_gateway_events_with_replica_kills_count_once_on_every_replica_and_over_http(
+    module_clickhouse_cluster: ClickHouseCluster, module_kafka: Any, tmp_path: Path
 ) -> None:
+    """200,000 events posted through the gateway while one replica of each shard is SIGKILLed and
+    restarted: the stats route, the anomalies route and the console read them through the
+    Distributed tables, each event counted once, and every replica holds its shard's events."""
     cluster = module_clickhouse_cluster
-    scenario, database = _scenario(cluster, broker, tmp_path)
-    worker = _sink(scenario, tmp_path)
+    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
+    scenario, database = _scenario(cluster, module_kafka, tmp_path)
+    stack = _gateway_stack(scenario, tmp_path / "stack")
     victims = [cluster.nodes[0][1], cluster.nodes[1][0]]  # one replica of each shard
     quarter = EVENTS // 4
+    run = scenario.run
     try:
-        scenario.produce(scenario.playback(range(0, quarter)))
+        began = time.monotonic()
+        _post(stack, range(0, quarter), run)
         victims[0].kill()
-        scenario.produce(scenario.playback(range(quarter, 2 * quarter)))
+        _post(stack, range(quarter, 2 * quarter), run)
         victims[0].start()
         victims[1].kill()
-        scenario.produce(scenario.playback(range(2 * quarter, 3 * quarter)))
+        _post(stack, range(2 * quarter, 3 * quarter), run)
         victims[1].start()
-        scenario.produce(scenario.playback(range(3 * quarter, EVENTS)))
-        scenario.produce(scenario.playback(range(0, 1000)))  # redelivered: counted once all the same
+        _post(stack, range(3 * quarter, EVENTS), run)
+        _post(stack, range(0, 1000), run)  # a partner's retried items: the same event ids
+        print(f"{EVENTS + 1000:,} items posted through the gateway in {time.monotonic() - began:.1f} s")
         _exactly_once_everywhere(cluster, scenario, database, EVENTS)
+
+        assert _signed_get(stack, "sink", "/v1/playback/stats") == expected_stats(EVENTS)
+        backend = connect(scenario.clickhouse_url, tmp_path, CLUSTER)
+        try:
+            code = "MA.156.10005.8361/w7"
+            by_code = _signed_get(stack, "sink", f"/v1/playback/stats?avcc_code={code}")
+            assert by_code == playback_stats(backend, code, 0, MAX_EPOCH_MS)
+            assert by_code["events"] == len(range(7, EVENTS, 40)), by_code
+
+            scenario.produce([anomaly_value(k) for k in range(ANOMALIES)], scenario.topics.anomaly)
+            wait_for(
+                lambda: len(list_anomalies(backend, None, None, 0, MAX_EPOCH_MS, 100)) == ANOMALIES,
+                60,
+                f"{ANOMALIES} anomalies through the cluster",
+            )
+            stored = list_anomalies(backend, None, None, 0, MAX_EPOCH_MS, 100)
+        finally:
+            backend.close()
+        answer = _signed_get(stack, "sink", "/v1/playback/anomalies?limit=100")
+        assert answer == {"anomalies": json.loads(json.dumps(stored))}
+        ids = [f"anomaly-{k}" for k in range(ANOMALIES)]
+        assert sorted(a["anomaly_id"] for a in answer["anomalies"]) == ids
+        page = _console_home(stack)
+        assert sorted(re.findall(r"<li class='anomaly'>[^<]*anomaly_id=(anomaly-\d+)", page)) == ids, page
+        print(f"stats, anomalies and the console read through the Distributed tables: {by_code}")
     finally:
         for node in victims:
             node.start()
-        _stop(worker)
+        stack.stop_all()
 
 
 def _playback_lag_monitor(scenario: Scenario) -> tuple[LagMonitor, LagRule]:

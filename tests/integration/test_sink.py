@@ -45,22 +45,27 @@ EVENT_TYPES = ("play", "complete", "purchase")
 # --- data ------------------------------------------------------------------------------------
 
 
-def playback_value(i: int, run: str) -> bytes:
-    """Event ``i`` of a run, exactly as the gateway writes it (purchases earn 1.25 CNY)."""
+def playback_payload(i: int) -> dict[str, Any]:
+    """The payload of event ``i`` (purchases earn 1.25 CNY): :func:`expected_stats` counts these."""
     kind = EVENT_TYPES[i % 3]
+    return {
+        "avcc_code": f"MA.156.10005.8361/w{i % 40}",
+        "platform_node": "8361",
+        "user_hash": f"sha256:{i % 997:064x}",
+        "event_type": kind,
+        "duration_sec": i % 3600,
+        "revenue_cny": "1.25" if kind == "purchase" else "0.00",
+    }
+
+
+def playback_value(i: int, run: str) -> bytes:
+    """Event ``i`` of a run, exactly as the gateway writes it."""
     return orjson.dumps(
         {
             "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run}/{i}")),
             "timestamp": T0 + i,
             "source": "gateway-svc",
-            "payload": {
-                "avcc_code": f"MA.156.10005.8361/w{i % 40}",
-                "platform_node": "8361",
-                "user_hash": f"sha256:{i % 997:064x}",
-                "event_type": kind,
-                "duration_sec": i % 3600,
-                "revenue_cny": "1.25" if kind == "purchase" else "0.00",
-            },
+            "payload": playback_payload(i),
         }
     )
 
