@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.figures import reported
+
 __all__ = ["in_ci"]
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
@@ -40,6 +42,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    figures = reported(config)
+    if figures:
+        terminalreporter.section("figures reported by the tests")
+        for figure in figures:
+            terminalreporter.write_line(figure)
     line = _seed_line(config)
     if line:
         terminalreporter.write_line(line)

@@ -42,6 +42,7 @@ from app.servers import (
 from app.servers.clickhouse_cluster import ClickHouseCluster
 from app.servers.ganache import GanacheNode
 from app.servers.kafka_secure import KafkaSecureBroker
+from tests.figures import Report, reporter
 from tests.integration.stack import CORE_GROUPS, Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -147,6 +148,12 @@ def broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
     """The session's Kafka broker (running: nothing stops it while a test still needs it)."""
     kafka_broker.start()
     return kafka_broker
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Report:
+    """Reports a figure (counts, times) of the test for the CI log's summary."""
+    return reporter(request.config, request.node.name)
 
 
 @pytest.fixture

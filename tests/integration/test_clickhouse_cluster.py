@@ -45,6 +45,7 @@ from app.playback.sink.store import (
 from app.servers import ClickHouseServer
 from app.servers.clickhouse_cluster import ClickHouseCluster
 from schemas.types import MAX_EPOCH_MS
+from tests.figures import Report
 from tests.integration.stack import API_KEY, API_SECRET, Stack, run_avcc
 from tests.integration.test_sink import (
     T0,
@@ -192,7 +193,7 @@ def _stored(scenario: Scenario, events: int) -> dict[str, Any]:
 
 
 def _exactly_once_everywhere(
-    cluster: ClickHouseCluster, scenario: Scenario, database: str, events: int
+    cluster: ClickHouseCluster, scenario: Scenario, database: str, events: int, report: Report
 ) -> None:
     """The stats through the Distributed table count ``events`` once each; then every replica of
     every shard holds the same events, none twice, and the shards add up to ``events``."""
@@ -205,7 +206,7 @@ def _exactly_once_everywhere(
 
     wait_for(replicated, 180, "every replica to hold its shard's events")
     counts = _replica_counts(cluster, database)
-    print(f"per replica (distinct events, rows after FINAL): {counts}; total {events}")
+    report(f"per replica (distinct events, rows after FINAL): {counts}; total {events}")
     for distinct, rows in counts.values():
         assert distinct == rows, counts
     assert sum(counts[row[0].data_dir.name][0] for row in cluster.nodes) == events
@@ -287,7 +288,7 @@ def _gateway_stack(scenario: Scenario, root: Path) -> Stack:
 
 
 def test_gateway_events_with_replica_kills_count_once_on_every_replica_and_over_http(
-    module_clickhouse_cluster: ClickHouseCluster, module_kafka: Any, tmp_path: Path
+    module_clickhouse_cluster: ClickHouseCluster, module_kafka: Any, tmp_path: Path, report: Report
 ) -> None:
     """200,000 events posted through the gateway while one replica of each shard is SIGKILLed and
     restarted: the stats route, the anomalies route and the console read them through the
@@ -310,8 +311,8 @@ def test_gateway_events_with_replica_kills_count_once_on_every_replica_and_over_
         victims[1].start()
         _post(stack, range(3 * quarter, EVENTS), run)
         _post(stack, range(0, 1000), run)  # a partner's retried items: the same event ids
-        print(f"{EVENTS + 1000:,} items posted through the gateway in {time.monotonic() - began:.1f} s")
-        _exactly_once_everywhere(cluster, scenario, database, EVENTS)
+        report(f"{EVENTS + 1000:,} items posted through the gateway in {time.monotonic() - began:.1f} s")
+        _exactly_once_everywhere(cluster, scenario, database, EVENTS, report)
 
         assert _signed_get(stack, "sink", "/v1/playback/stats") == expected_stats(EVENTS)
         backend = connect(scenario.clickhouse_url, tmp_path, CLUSTER)
@@ -336,7 +337,7 @@ def test_gateway_events_with_replica_kills_count_once_on_every_replica_and_over_
         assert sorted(a["anomaly_id"] for a in answer["anomalies"]) == ids
         page = _console_home(stack)
         assert sorted(re.findall(r"<li class='anomaly'>[^<]*anomaly_id=(anomaly-\d+)", page)) == ids, page
-        print(f"stats, anomalies and the console read through the Distributed tables: {by_code}")
+        report(f"stats, anomalies and the console read through the Distributed tables: {by_code}")
     finally:
         for node in victims:
             node.start()
@@ -371,7 +372,7 @@ LAG_THRESHOLD = 5_000
 
 
 def test_a_whole_shard_down_for_30_s_backs_the_sink_off_loses_nothing_and_alerts(
-    module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path
+    module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path, report: Report
 ) -> None:
     cluster = module_clickhouse_cluster
     scenario, database = _scenario(cluster, broker, tmp_path)
@@ -388,14 +389,14 @@ def test_a_whole_shard_down_for_30_s_backs_the_sink_off_loses_nothing_and_alerts
         scenario.produce(scenario.playback(range(events // 2, events)))
         fired = asyncio.run(_until(monitor, "firing", SHARD_DOWN_S))
         assert fired.lag > LAG_THRESHOLD and fired.rule.name == rule.name == "AvccPlaybackEventLag"
-        print(f"lag alert fired {time.monotonic() - down_since:.1f} s into the outage, lag {fired.lag}")
+        report(f"lag alert fired {time.monotonic() - down_since:.1f} s into the outage, lag {fired.lag}")
         time.sleep(max(0.0, SHARD_DOWN_S - (time.monotonic() - down_since)))
         assert worker.poll() is None, "the sink died while a shard was down"
         for node in shard:
             node.start()
-        _exactly_once_everywhere(cluster, scenario, database, events)
+        _exactly_once_everywhere(cluster, scenario, database, events, report)
         resolved = asyncio.run(_until(monitor, "resolved", 120))
-        print(f"lag alert resolved, lag {resolved.lag}")
+        report(f"lag alert resolved, lag {resolved.lag}")
         log = (tmp_path / "sink.log").read_text()
         assert "storing a batch of" in log and "retry in" in log, "the sink never backed off"
     finally:
@@ -491,7 +492,10 @@ def _answers(backend: ClickHouseBackend) -> dict[str, Any]:
 
 
 def test_the_same_queries_answer_the_same_on_chdb_one_server_and_the_cluster(
-    module_clickhouse_cluster: ClickHouseCluster, clickhouse_server: ClickHouseServer, tmp_path: Path
+    module_clickhouse_cluster: ClickHouseCluster,
+    clickhouse_server: ClickHouseServer,
+    tmp_path: Path,
+    report: Report,
 ) -> None:
     blocks = _blocks()
     data = tmp_path / "blocks.json"
@@ -519,6 +523,6 @@ def test_the_same_queries_answer_the_same_on_chdb_one_server_and_the_cluster(
     reference = answers["chdb"]
     assert reference["distinct"] == 3000 and reference["all"]["events"] == 3000
     assert len(reference["anomalies"]) == 20 and len(reference["by_rule"]) == 5
-    print(f"the same answers on {', '.join(answers)}: {reference['all']}")
+    report(f"the same answers on {', '.join(answers)}: {reference['all']}")
     for name, answer in answers.items():
         assert answer == reference, name

@@ -31,6 +31,7 @@ from app.playback.sink.clickhouse import connect
 from app.playback.sink.store import count_distinct_events, playback_stats
 from app.servers import ClickHouseServer
 from schemas.types import MAX_EPOCH_MS
+from tests.figures import Report
 from tests.integration.stack import API_KEY, API_SECRET, Stack
 from tests.integration.test_sink import Scenario, expected_stats, playback_value, stored_rows, wait_for
 
@@ -146,7 +147,7 @@ def _cleanup(scenario: Scenario, clickhouse_server: ClickHouseServer) -> None:
 
 
 def test_a_million_events_survive_a_sigkill_and_a_clickhouse_outage_counted_exactly_once(
-    scenario: Scenario, clickhouse_server: ClickHouseServer, tmp_path: Path
+    scenario: Scenario, clickhouse_server: ClickHouseServer, tmp_path: Path, report: Report
 ) -> None:
     began = time.monotonic()
     env = {k: v for k, v in scenario.env().items() if k.startswith("AVCC_")}
@@ -221,7 +222,7 @@ def test_a_million_events_survive_a_sigkill_and_a_clickhouse_outage_counted_exac
         assert worker.stop() == 0, worker.log_tail()
         t = timings
         drain_s = t["all rows"] - t["clickhouse back"]
-        report = [
+        figures = [
             f"{TOTAL:,} events produced in {producer.seconds:.1f}s "
             f"({TOTAL / producer.seconds:,.0f}/s, paced at {PRODUCE_RATE:,}/s)",
             f"worker ready after {t['worker ready']:.1f}s; SIGKILL at {t['kill']:.1f}s: "
@@ -238,7 +239,8 @@ def test_a_million_events_survive_a_sigkill_and_a_clickhouse_outage_counted_exac
             f"stats query {t['stats'] - t['all rows']:.1f}s",
             f"total {time.monotonic() - began:.1f}s",
         ]
-        print("\n" + "\n".join(f"# {line}" for line in report))
+        for line in figures:
+            report(line)
     finally:
         producer.halt()
         producer.join(30)
