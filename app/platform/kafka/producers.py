@@ -169,15 +169,28 @@ class EventProducer:
         return self._stats
 
     def idempotence_state(self, timeout_s: float = 10.0) -> str:
-        """librdkafka's idempotent-producer state (``Assigned`` once the broker gave a PID)."""
+        """librdkafka's idempotent-producer state (``Assigned`` once the broker gave a PID), or
+        ``no answer: <error>`` when the broker never answered a metadata request in ``timeout_s``.
+
+        A metadata request that times out is asked again until the deadline: the first one of a
+        TLS + SASL client on a busy box can take seconds (the handshake and the SCRAM exchange).
+        """
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self._producer.list_topics(timeout=min(2.0, timeout_s))
+        unanswered: KafkaException | None = None
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                self._producer.list_topics(timeout=min(2.0, remaining))
+            except KafkaException as exc:
+                unanswered = exc
+                continue
+            unanswered = None
             state = str(self._stats.get("eos", {}).get("idemp_state", ""))
             if state == "Assigned":
                 return state
             self._stats_event.clear()
             self._stats_event.wait(0.5)
+        if unanswered is not None:
+            return f"no answer: {unanswered.args[0].str() if unanswered.args else unanswered}"
         return str(self._stats.get("eos", {}).get("idemp_state", "unknown"))
 
     def verify_profile(self, timeout_s: float = 15.0) -> None:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from app.platform.errors import BrokerCapabilityError
 from app.platform.kafka.producers import EventProducer, profile_config
 from app.platform.metrics import PRODUCER_DELIVERY_FAILURES
 from app.platform.settings import Settings
@@ -62,5 +63,20 @@ def test_a_core_producer_still_acknowledges_every_send() -> None:
     producer = EventProducer(NOWHERE, "core")
     try:
         assert producer.acknowledges is True
+    finally:
+        producer.close(timeout_s=0.1)
+
+
+def test_a_broker_that_never_answers_is_asked_again_until_the_deadline_then_named() -> None:
+    """A metadata request that times out is not the end (a TLS + SASL login on a busy box can
+    take longer than one request's 2 s); only the deadline is, with what went wrong."""
+    producer = EventProducer(NOWHERE, "core")
+    try:
+        started = time.monotonic()
+        state = producer.idempotence_state(timeout_s=4.5)
+        assert time.monotonic() - started >= 4.5, "gave up before the deadline"
+        assert state.startswith("no answer: "), state
+        with pytest.raises(BrokerCapabilityError, match="no answer: "):
+            producer.verify_profile(timeout_s=2.5)
     finally:
         producer.close(timeout_s=0.1)
