@@ -49,6 +49,7 @@ from web3.exceptions import (
 )
 
 from app.lifecycle.chain.blocks import PendingTx, Receipt
+from app.lifecycle.chain.evm_logs import block_logs
 from app.lifecycle.chain.journal import SentTx, TxJournal
 from app.lifecycle.chain.nonces import next_nonce, plan_repair
 from app.lifecycle.chain.registry import RegistryCall, load_artefact, registry_call
@@ -229,14 +230,8 @@ class EvmBackend:
         block = int(values[-1])
         if block == 0:
             return None
-        logs = await self._w3.eth.get_logs(
-            {
-                "address": self.address,
-                "fromBlock": block,
-                "toBlock": block,
-                "topics": [event_topic(call.event), "0x" + call.topic.hex()],
-            }
-        )
+        topics = [event_topic(call.event), "0x" + call.topic.hex()]
+        logs = await block_logs(self._w3, block, self.address, topics)
         if not logs:
             raise ChainTransactionFailed(f"{call.view}({call.view_key!r}): block {block} has no event")
         return logs[0]["transactionHash"].to_0x_hex(), block

@@ -21,6 +21,7 @@ from web3 import AsyncWeb3
 
 from app.lifecycle.chain.deploy import require_contract
 from app.lifecycle.chain.evm import event_topic
+from app.lifecycle.chain.evm_logs import block_logs
 from app.lifecycle.chain.registry import WORK_EVENT, load_artefact
 from app.platform.kafka.clients import consumer_config
 from app.platform.settings import Settings
@@ -169,11 +170,17 @@ async def read_registrations(
             rid = int.from_bytes(log["topics"][1], "big")
             by_record.setdefault(rid, []).append(log["transactionHash"].to_0x_hex())
         works: dict[int, OnChainWork] = {}
+        missed = 0  # logs the node's filter left out (see evm_logs), found in their block
         for rid in record_ids:
             content, _, _, block = await registry.functions.registration(rid).call()
             hashes = tuple(by_record.get(rid, ()))
+            if not hashes and int(block):
+                topics = [event_topic(WORK_EVENT), "0x" + rid.to_bytes(32, "big").hex()]
+                found = await block_logs(w3, int(block), address, topics)
+                hashes = tuple(log["transactionHash"].to_0x_hex() for log in found)
+                missed += len(found)
             works[rid] = OnChainWork(rid, "sha256:" + bytes(content).hex(), int(block), hashes)
-        return works, len(logs)
+        return works, len(logs) + missed
     finally:
         await w3.provider.disconnect()
 
