@@ -173,8 +173,11 @@ def _revive_servers() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def stack_broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
-    """The session broker the session's core stack runs on."""
+    """The session broker the session's core stack runs on, with the topic plan and changelogs
+    made: whichever module starts workers on it first (an api_fuzz sink once found its topics
+    missing and never got ready, when it ran before any core stack)."""
     kafka_broker.start()
+    apply_plan(Settings(kafka_url=f"kafka://{kafka_broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     return kafka_broker
 
 
