@@ -183,6 +183,8 @@ def apply_plan(
     if missing:
         created, raced = _create_topics(admin, settings, missing)
         report.created.extend(created)
+        if created:  # returned once the broker's metadata lists them, so callers can use them
+            _describe_when_visible(settings, created)
         if raced:
             existing.update(_describe_when_visible(settings, raced))
 
