@@ -24,6 +24,7 @@ _TIMEOUT_S = 30.0
 #: Tries of one topic creation that fails on its way (see :func:`_create_topics`).
 _CREATE_ATTEMPTS = 4
 _CREATE_RETRY_S = 1.0
+_VISIBLE_WAIT_S = 15.0  # how long a created topic may take to show in every broker's answers
 #: Errors of a create request that did not reach (or hear back from) the controller; librdkafka
 #: does not flag them retriable. ``_DESTROY_BROKER``: seen creating the plan on a fresh 3-node
 #: cluster, as the client replaced its bootstrap connection by the brokers it learned.
@@ -90,11 +91,25 @@ def describe_topics(settings: Settings, names: Iterable[str]) -> dict[str, dict[
     return result
 
 
-def _describe_when_visible(settings: Settings, names: list[str], wait_s: float = 15.0) -> dict[str, Any]:
+def _describe_settled(settings: Settings, names: list[str], deadline: float) -> dict[str, Any]:
+    """:func:`describe_topics`, asked again while a broker lists a topic that the broker asked
+    for its configs does not know yet (a topic just created elsewhere in a cluster)."""
+    while True:
+        try:
+            return describe_topics(settings, names)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def _describe_when_visible(
+    settings: Settings, names: list[str], wait_s: float = _VISIBLE_WAIT_S
+) -> dict[str, Any]:
     """Describe topics that exist but may not be in the metadata yet (right after creation)."""
     deadline = time.monotonic() + wait_s
     while True:
-        found = describe_topics(settings, names)
+        found = _describe_settled(settings, names, deadline)
         if len(found) == len(names) or time.monotonic() > deadline:
             missing = sorted(set(names) - set(found))
             if missing:
@@ -177,7 +192,7 @@ def apply_plan(
     specs = list(plan)
     admin = _admin(settings)
     report = PlanReport()
-    existing = describe_topics(settings, [s.name for s in specs])
+    existing = _describe_settled(settings, [s.name for s in specs], time.monotonic() + _VISIBLE_WAIT_S)
 
     missing = [s for s in specs if s.name not in existing]
     if missing:

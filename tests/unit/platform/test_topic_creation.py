@@ -70,3 +70,44 @@ def test_a_create_failing_on_its_way_every_time_gives_up() -> None:
     with pytest.raises(KafkaException):
         plan_admin._create_topics(admin, Settings(), SPECS[:1])  # type: ignore[arg-type]
     assert len(admin.requests) == plan_admin._CREATE_ATTEMPTS
+
+
+def scripted_describe(monkeypatch: pytest.MonkeyPatch, *answers: dict[str, Any] | int) -> list[list[str]]:
+    """``describe_topics`` answering from a script: a dict of found topics, or an error code
+    raised as the describe-configs answer of a broker that does not know a listed topic."""
+    script = list(answers)
+    calls: list[list[str]] = []
+
+    def describe(settings: Settings, names: list[str]) -> dict[str, Any]:
+        calls.append(list(names))
+        answer = script.pop(0)
+        if isinstance(answer, int):
+            raise KafkaException(KafkaError(answer))
+        return answer
+
+    monkeypatch.setattr(plan_admin, "describe_topics", describe)
+    monkeypatch.setattr(plan_admin.time, "sleep", lambda s: None)
+    return calls
+
+
+def test_a_topic_listed_by_one_broker_and_unknown_to_another_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    found = {A: {"partitions": 6}}
+    calls = scripted_describe(monkeypatch, KafkaError.UNKNOWN_TOPIC_OR_PART, {}, found)
+    assert plan_admin._describe_when_visible(Settings(), [A]) == found
+    assert calls == [[A], [A], [A]]
+
+
+def test_other_describe_errors_are_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = scripted_describe(monkeypatch, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(KafkaException):
+        plan_admin._describe_when_visible(Settings(), [A])
+    assert calls == [[A]]
+
+
+def test_a_topic_unknown_past_the_deadline_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = scripted_describe(monkeypatch, KafkaError.UNKNOWN_TOPIC_OR_PART)
+    with pytest.raises(KafkaException):
+        plan_admin._describe_when_visible(Settings(), [A], wait_s=-1.0)
+    assert calls == [[A]]
