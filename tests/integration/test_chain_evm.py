@@ -61,9 +61,16 @@ class Registry:
         ]
 
     def pending_transactions(self) -> int:
-        """Transactions of the signing key waiting in the node's mempool."""
+        """Transactions of the signing key waiting in the node's mempool: executable ones and
+        those ganache holds queued (it can strand a run of nonces there until each is sent
+        again, its issue #4522), not counting the stale queued entries of mined nonces it
+        keeps listing."""
         pool = self.w3.provider.make_request("txpool_content", [])  # type: ignore[arg-type]
-        return len(pool["result"]["pending"].get(self.account.address.lower(), {}))
+        sender = self.account.address.lower()
+        mined = self.w3.eth.get_transaction_count(self.account.address, "latest")
+        parts = [pool["result"].get(part, {}).get(sender, {}) for part in ("pending", "queued")]
+        nonces = {int(n) for part in parts for n in part}
+        return sum(1 for n in nonces if n >= mined)
 
     def send(self, function: Any, gas: int | None = None) -> Any:
         """Sign and send ``function`` (a fixed ``gas`` skips the estimate, so a revert is mined)."""

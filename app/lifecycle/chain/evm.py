@@ -19,8 +19,8 @@ While anything is in flight, a nonce keeper task (:meth:`EvmBackend.keep_nonces`
 key's nonce sequence moving: it rebroadcasts journaled transactions the node forgot (a node
 restart empties its pool), fills nonces nothing will ever be sent with (a refused transaction)
 with a no-op transfer, and replaces the transaction next in line with a higher gas price when it
-is not mined within ``tx_timeout_s``. Keys whose events wait in the retry topic meanwhile do not
-hold up the others.
+is not mined within ``tx_timeout_s`` (with it, the overdue ones right behind it). Keys whose
+events wait in the retry topic meanwhile do not hold up the others.
 
 The contract refuses a second registration of a record id or content hash itself, so no path
 can register a work twice. Failures are retriable: node unreachable -> ``DependencyUnavailable``,
@@ -361,7 +361,8 @@ class EvmBackend:
             await asyncio.sleep(self.keeper_interval_s)
 
     async def repair_nonces(self) -> None:
-        """One pass: fill nonce gaps, rebroadcast what the node forgot, replace the overdue head."""
+        """One pass: fill nonce gaps, rebroadcast what the node forgot, replace the overdue
+        transactions from the one next in line (:func:`~app.lifecycle.chain.nonces.plan_repair`)."""
         async with self._nonce_lock:
             in_flight = self._journal.in_flight()
             if not in_flight:
@@ -379,8 +380,7 @@ class EvmBackend:
                         # key and every nonce behind it
                         log.info("the node refused %s for %s: re-signing it now", sent.hashes[-1], key)
                         await self._replace(key, sent)
-            if plan.overdue is not None:
-                key, sent = plan.overdue
+            for key, sent in plan.overdue:
                 log.info("replacing %s for %s: not mined in %.0fs", sent.hashes[-1], key, self.tx_timeout_s)
                 await self._replace(key, sent)
 

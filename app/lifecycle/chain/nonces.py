@@ -45,8 +45,10 @@ class NonceRepair:
     #: Journaled transactions waiting to be mined, lowest nonce first (each rebroadcast when
     #: the node does not know it).
     waiting: list[tuple[str, SentTx]]
-    #: The transaction next in line, when it is overdue (replace it with a higher gas price).
-    overdue: tuple[str, SentTx] | None
+    #: The transaction next in line when it is overdue, then each one right behind it (no gap
+    #: between their nonces) that is overdue too, lowest nonce first: replace them with a higher
+    #: gas price, in that order.
+    overdue: list[tuple[str, SentTx]]
 
 
 def plan_repair(
@@ -57,13 +59,19 @@ def plan_repair(
 ) -> NonceRepair:
     """The repair for ``in_flight`` (key -> journaled transaction) when ``mined_count`` are mined.
 
-    Only the transaction whose nonce is next in line can be late for its own sake (its gas
-    price); one further back waits for those before it, so replacing it would only cost fees.
+    The transaction next in line is late for its own sake when it is overdue (its gas price, or
+    a node that stranded it). The ones right behind it that are overdue too are replaced with it
+    in one pass: a node that priced out or stranded the head did the same to them (ganache keeps
+    every later nonce queued until each is sent again, its issue #4522), and replaced one per
+    pass they would wait a keeper interval each. One not overdue yet, or behind a gap, waits.
     """
     waiting = sorted(
         ((key, sent) for key, sent in in_flight.items() if sent.nonce >= mined_count),
         key=lambda item: item[1].nonce,
     )
-    head = waiting[0] if waiting and waiting[0][1].nonce == mined_count else None
-    overdue = head if head is not None and now_ms - head[1].sent_ms >= timeout_ms else None
+    overdue: list[tuple[str, SentTx]] = []
+    for key, sent in waiting:
+        if sent.nonce != mined_count + len(overdue) or now_ms - sent.sent_ms < timeout_ms:
+            break
+        overdue.append((key, sent))
     return NonceRepair(gaps(mined_count, (s.nonce for _, s in waiting)), waiting, overdue)

@@ -30,11 +30,28 @@ def test_the_repair_orders_waiting_transactions_and_skips_mined_ones() -> None:
     assert plan.fill == [11]
 
 
-def test_only_the_transaction_next_in_line_is_replaced_when_overdue() -> None:
-    in_flight = {"head": _sent(10, sent_ms=0), "behind": _sent(11, sent_ms=0)}
-    assert plan_repair(10, in_flight, now_ms=999, timeout_ms=1_000).overdue is None
+def test_the_transaction_next_in_line_is_replaced_when_overdue() -> None:
+    in_flight = {"head": _sent(10, sent_ms=0), "behind": _sent(11, sent_ms=500)}
+    assert plan_repair(10, in_flight, now_ms=999, timeout_ms=1_000).overdue == []
     overdue = plan_repair(10, in_flight, now_ms=1_000, timeout_ms=1_000).overdue
-    assert overdue is not None and overdue[0] == "head"
-    assert plan_repair(9, in_flight, now_ms=5_000, timeout_ms=1_000).overdue is None, (
+    assert [key for key, _ in overdue] == ["head"], "the one behind is not overdue yet"
+    assert plan_repair(9, in_flight, now_ms=5_000, timeout_ms=1_000).overdue == [], (
         "behind a gap, no transaction of ours is late for its own sake"
+    )
+
+
+def test_the_overdue_run_behind_the_head_is_replaced_with_it_up_to_a_gap_or_a_fresh_one() -> None:
+    in_flight = {
+        "head": _sent(10),
+        "second": _sent(11),
+        "third": _sent(12),
+        "fresh": _sent(13, sent_ms=4_500),
+        "after fresh": _sent(14),
+        "after gap": _sent(16),
+    }
+    overdue = plan_repair(10, in_flight, now_ms=5_000, timeout_ms=1_000).overdue
+    assert [(key, sent.nonce) for key, sent in overdue] == [("head", 10), ("second", 11), ("third", 12)]
+    later = plan_repair(10, in_flight, now_ms=6_000, timeout_ms=1_000).overdue
+    assert [key for key, _ in later] == ["head", "second", "third", "fresh", "after fresh"], (
+        "the run stops at the gap (nonce 15)"
     )
