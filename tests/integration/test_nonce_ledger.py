@@ -14,7 +14,9 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
+from app.platform.errors import DependencyUnavailable
 from app.platform.http import nonces
 from app.platform.http.auth import sign_request
 from app.platform.http.nonces import NonceLedger
@@ -124,6 +126,66 @@ async def test_idle_readers_pause_and_a_replay_is_still_refused_after_idling(
     finally:
         first.stop()
         second.stop()
+
+
+async def test_a_reader_that_goes_silent_is_replaced_and_resumes_where_it_had_read(
+    broker: KafkaKRaftBroker, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's consumer that stops returning messages (librdkafka left a partition unfetched
+    after a broker restart: CI17, every claim of the code worker timed out for 3 minutes) is
+    replaced after the first claim the broker acknowledged and the reader did not read back; the
+    new consumer resumes at the old one's position, and no verdict is lost on the way."""
+    consumers: list[Consumer] = []
+    silent: set[int] = set()
+    assignments: list[dict[int, int]] = []
+
+    class SilencedConsumer(Consumer):  # type: ignore[misc]
+        """A real consumer that can go silent: no message, no error."""
+
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            self.index = len(consumers)
+            consumers.append(self)
+
+        def assign(self, partitions: list[TopicPartition]) -> None:
+            assignments.append({tp.partition: tp.offset for tp in partitions})
+            super().assign(partitions)
+
+        def poll(self, timeout: float = -1) -> Any:
+            if self.index in silent:
+                time.sleep(max(timeout, 0))
+                return None
+            return super().poll(timeout)
+
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            return [] if self.index in silent else super().consume(num_messages=num_messages, timeout=timeout)
+
+    monkeypatch.setattr(nonces, "Consumer", SilencedConsumer)
+    monkeypatch.setattr(nonces, "CLAIM_TIMEOUT_S", 2.0)
+    settings = Settings(kafka_url=f"kafka://{broker.bootstrap}", nonce_store="kafka")
+    topic = dataclasses.replace(NONCES, name=f"{NONCES.name}.{unique}")
+    apply_plan(settings, [topic])
+    ledger = NonceLedger(settings, topic=topic.name, client_id=f"silenced-{unique}")
+    try:
+        await _ready(ledger)
+        now = now_ms()
+        assert await ledger.claim("partner-0", "read-before", now, now) is None
+        silent.add(0)
+        with pytest.raises(DependencyUnavailable):
+            await ledger.claim("partner-0", "unanswered", now, now_ms())
+        await _until(lambda: ledger.renewals == 1 and len(assignments) == 2, "the reader's consumer replaced")
+        assert await ledger.claim("partner-0", "after", now, now_ms()) is None
+        # the unanswered claim is in the log, and the new consumer read it: burnt, as a 503 says
+        assert await ledger.claim("partner-0", "unanswered", now, now_ms()) == "replayed_nonce"
+        assert await ledger.claim("partner-0", "read-before", now, now_ms()) == "replayed_nonce"
+    finally:
+        ledger.stop()
+    assert ledger.renewals == 1 and len(consumers) == 2
+    first, second = assignments
+    moved = {p: (first[p], second[p]) for p in first if first[p] != second[p]}
+    assert [after - before for before, after in moved.values()] == [1], (
+        f"the new consumer should start one past the claim read before, elsewhere as the first: {moved}"
+    )
 
 
 #: A paused reader's periodic read interval in the idle test: far beyond its deadline for a claim.

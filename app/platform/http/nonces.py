@@ -104,6 +104,19 @@ class NonceLedger:
         self._wake = threading.Event()
         #: Times the reader paused for being idle (tests, logs).
         self.idle_pauses = 0
+        #: Set when a claim of this process was acknowledged by the broker but not read back in
+        #: time: the reader replaces its consumer. librdkafka can leave an assigned partition
+        #: unfetched after a broker restart (its issues #5153, #5591: no error, no message);
+        #: seen here as every claim of a replica timing out after the broker came back.
+        self._renew = threading.Event()
+        #: Times the reader's consumer was replaced (tests, logs).
+        self.renewals = 0
+        #: partition -> next offset to read, kept across the reader's consumers so a new one
+        #: resumes where the last one had read instead of reading the window again.
+        self._next: dict[int, int] = {}
+        #: When the reader's current consumer was assigned (monotonic): a claim sent before
+        #: that says nothing about it.
+        self._session_started = float("inf")
         self._start_lock = threading.Lock()
 
     @property
@@ -148,7 +161,7 @@ class NonceLedger:
         assert producer is not None
         loop = asyncio.get_running_loop()
         verdict: asyncio.Future[AuthFailureReason | None] = loop.create_future()
-        pair, where = (key, nonce), (-1, -1)
+        pair, where, sent_at = (key, nonce), (-1, -1), time.monotonic()
 
         def settle(result: AuthFailureReason | None) -> None:
             loop.call_soon_threadsafe(_resolve, verdict, result)
@@ -169,16 +182,38 @@ class NonceLedger:
         try:
             return await asyncio.wait_for(claimed(), CLAIM_TIMEOUT_S)
         except TimeoutError:
+            if where == (-1, -1):
+                log.warning(
+                    "nonce ledger: a claim was not acknowledged by the broker in %.0f s", CLAIM_TIMEOUT_S
+                )
+            elif sent_at >= self._session_started:
+                self._renew_reader(where)
             raise DependencyUnavailable("nonce store (topic.system.nonces) did not answer in time") from None
         finally:
             with self._lock:
                 self._pending.discard(pair)
                 self._waiting.pop(where, None)
 
+    def _renew_reader(self, where: tuple[int, int]) -> None:
+        """Have the reader replace its consumer: a claim sent while it was assigned, and
+        acknowledged by the broker at ``where`` (partition, offset), was not read back in time."""
+        log.warning(
+            "nonce ledger: claim at %s[%d]@%d acknowledged but not read back in %.0f s (reader at %s); "
+            "replacing the reader's consumer",
+            self.topic,
+            where[0],
+            where[1],
+            CLAIM_TIMEOUT_S,
+            self._next.get(where[0], "no offset yet"),
+        )
+        self._renew.set()
+        self._wake.set()
+
     # -- the reader thread ----------------------------------------------------------------------
     def _read(self) -> None:
         """Read every partition until stopped; a failure (broker away, topic metadata not there
-        yet) is logged and the reader starts over, so claims wait rather than fail for good."""
+        yet) is logged and the reader starts over, so claims wait rather than fail for good; a
+        renewal (:meth:`_renew_reader`) starts over at once with a new consumer."""
         while not self._stop.is_set():
             try:
                 self._read_session()
@@ -192,9 +227,15 @@ class NonceLedger:
         consumer = Consumer(config)
         try:
             positions = self._assign_window(consumer)
+            self._session_started = time.monotonic()
+            self._renew.clear()  # asked of an earlier consumer: this one is new
             assigned = [TopicPartition(self.topic, p) for p in positions]
             busy_until = time.monotonic() + READER_IDLE_AFTER_S
             while not self._stop.is_set():
+                if self._renew.is_set():
+                    self._renew.clear()
+                    self.renewals += 1
+                    return
                 first = consumer.poll(0.05)  # returns on the first message, unlike consume()
                 batch = [first, *consumer.consume(num_messages=499, timeout=0)] if first else []
                 for msg in batch:
@@ -202,6 +243,7 @@ class NonceLedger:
                         self._apply(msg)
                         start, end = positions[msg.partition()]
                         positions[msg.partition()] = (max(start, msg.offset() + 1), end)
+                        self._next[msg.partition()] = positions[msg.partition()][0]
                 if not self._caught_up.is_set() and all(pos >= end for pos, end in positions.values()):
                     self._caught_up.set()
                     log.info("nonce ledger caught up on %s", self.topic)
@@ -210,6 +252,7 @@ class NonceLedger:
                 elif self._caught_up.is_set() and time.monotonic() >= busy_until:
                     self._idle(consumer, assigned)
         finally:
+            self._session_started = float("inf")
             consumer.close()
 
     def _idle(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
@@ -227,7 +270,8 @@ class NonceLedger:
             consumer.resume(assigned)
 
     def _assign_window(self, consumer: Consumer) -> dict[int, tuple[int, int]]:
-        """Assign every partition from the start of the skew window; partition -> (next, end)."""
+        """Assign every partition from the start of the skew window, or from where an earlier
+        consumer of this ledger had read; partition -> (next, end)."""
         metadata = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
         partitions = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
         if not partitions:  # not created yet (`avcc topics apply`, or the worker's own start)
@@ -245,6 +289,7 @@ class NonceLedger:
             starts = {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
         except Exception:  # a broker without time lookups: read the (short-lived) topic whole
             starts = {p: OFFSET_BEGINNING for p in partitions}
+        starts.update({p: offset for p, offset in self._next.items() if p in starts})
         consumer.assign([TopicPartition(self.topic, p, starts[p]) for p in partitions])
         return {p: (max(starts[p], 0), ends[p]) for p in partitions}
 
