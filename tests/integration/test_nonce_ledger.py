@@ -137,7 +137,8 @@ async def test_a_reader_that_goes_silent_is_replaced_and_resumes_where_it_had_re
     new consumer resumes at the old one's position, and no verdict is lost on the way."""
     consumers: list[Consumer] = []
     silent: set[int] = set()
-    assignments: list[dict[int, int]] = []
+    #: (index of the consumer, partition -> offset) of each assignment
+    assignments: list[tuple[int, dict[int, int]]] = []
 
     class SilencedConsumer(Consumer):  # type: ignore[misc]
         """A real consumer that can go silent: no message, no error."""
@@ -145,15 +146,17 @@ async def test_a_reader_that_goes_silent_is_replaced_and_resumes_where_it_had_re
         def __init__(self, config: dict[str, Any]) -> None:
             super().__init__(config)
             self.index = len(consumers)
+            self.quiet_polls = 0
             consumers.append(self)
 
         def assign(self, partitions: list[TopicPartition]) -> None:
-            assignments.append({tp.partition: tp.offset for tp in partitions})
+            assignments.append((self.index, {tp.partition: tp.offset for tp in partitions}))
             super().assign(partitions)
 
         def poll(self, timeout: float = -1) -> Any:
             if self.index in silent:
                 time.sleep(max(timeout, 0))
+                self.quiet_polls += 1
                 return None
             return super().poll(timeout)
 
@@ -170,18 +173,26 @@ async def test_a_reader_that_goes_silent_is_replaced_and_resumes_where_it_had_re
         await _ready(ledger)
         now = now_ms()
         assert await ledger.claim("partner-0", "read-before", now, now) is None
-        silent.add(0)
+        # the consumer reading now: an earlier one may have failed before its assignment (a
+        # new topic not in its metadata yet) and been replaced by the reader's own restart
+        reading, _ = assignments[-1]
+        silent.add(reading)
+        # a poll already under way when it went silent may still return the next claim
+        await _until(lambda: consumers[reading].quiet_polls > 0, "the reader's consumer silent")
         with pytest.raises(DependencyUnavailable):
             await ledger.claim("partner-0", "unanswered", now, now_ms())
-        await _until(lambda: ledger.renewals == 1 and len(assignments) == 2, "the reader's consumer replaced")
+        await _until(
+            lambda: ledger.renewals == 1 and assignments[-1][0] > reading, "the reader's consumer replaced"
+        )
         assert await ledger.claim("partner-0", "after", now, now_ms()) is None
         # the unanswered claim is in the log, and the new consumer read it: burnt, as a 503 says
         assert await ledger.claim("partner-0", "unanswered", now, now_ms()) == "replayed_nonce"
         assert await ledger.claim("partner-0", "read-before", now, now_ms()) == "replayed_nonce"
     finally:
         ledger.stop()
-    assert ledger.renewals == 1 and len(consumers) == 2
-    first, second = assignments
+    assert ledger.renewals == 1 and len(consumers) == reading + 2
+    (silenced, first), (_, second) = assignments[-2:]
+    assert silenced == reading, "the silenced consumer was assigned once, right before its successor"
     moved = {p: (first[p], second[p]) for p in first if first[p] != second[p]}
     assert [after - before for before, after in moved.values()] == [1], (
         f"the new consumer should start one past the claim read before, elsewhere as the first: {moved}"
