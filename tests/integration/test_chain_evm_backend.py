@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from eth_account import Account
-from web3 import Web3
+from web3 import AsyncHTTPProvider, AsyncWeb3, Web3
 
 from app.lifecycle.chain.blocks import PendingTx
 from app.lifecycle.chain.deploy import deploy_registry
 from app.lifecycle.chain.evm import EvmBackend, event_topic
+from app.lifecycle.chain.evm_logs import block_logs, receipt_logs
 from app.lifecycle.chain.journal import SentTx, TxJournal
 from app.lifecycle.chain.keys import create_key_file
 from app.lifecycle.chain.registry import SETTLEMENT_EVENT, WORK_EVENT, load_artefact, registry_call
@@ -192,6 +193,29 @@ async def test_a_transaction_not_mined_in_time_is_replaced_and_registered_once(
         await backend.aclose()
     assert receipt.tx_hash in versions.hashes
     assert chain.registrations(tx.avcc_record_id) == [receipt.tx_hash]
+
+
+async def test_a_registration_reads_alike_from_its_blocks_logs_and_from_its_receipts(
+    chain: Chain, journal: Path
+) -> None:
+    # the receipts are where block_logs turns when the node's log queries miss a block (CI28,
+    # under a CPU hog): on a real node they give the same log as the log query
+    tx = _work(_record_id())
+    backend = _backend(chain, journal)
+    try:
+        receipt = await backend.submit(tx)
+    finally:
+        await backend.aclose()
+    call = registry_call(tx)
+    topics = [event_topic(call.event), "0x" + call.topic.hex()]
+    w3 = AsyncWeb3(AsyncHTTPProvider(chain.node.url))
+    try:
+        from_logs = await block_logs(w3, receipt.block_height, chain.address, topics)
+        from_receipts = await receipt_logs(w3, receipt.block_height, chain.address, topics)
+    finally:
+        await w3.provider.disconnect()
+    assert [log["transactionHash"].to_0x_hex() for log in from_receipts] == [receipt.tx_hash]
+    assert [dict(log) for log in from_receipts] == [dict(log) for log in from_logs]
 
 
 async def test_a_journaled_nonce_taken_by_another_transaction_is_sent_anew(
