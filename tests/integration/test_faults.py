@@ -36,7 +36,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from app.platform.kafka.admin import apply_plan
 from app.platform.kafka.partitioner import partition_for, record_key
+from app.platform.settings import Settings
 from app.platform.topics import DLQ, RETRY
 from schemas.apply import AiToolInfo, ApplyCreated
 from schemas.envelope import encode_event, make_envelope
@@ -181,7 +183,9 @@ def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
 
 
 def plan_topics(bootstrap: str, *extra: tuple[str, int]) -> None:
-    """The shared retry/DLQ topics of the plan plus the test's own topics."""
+    """The shared retry/DLQ topics of the plan, created as planned (retention too: other modules
+    apply the plan on the same broker and must find no drift), plus the test's own topics."""
+    apply_plan(Settings(kafka_url=f"kafka://{bootstrap}"), [RETRY, DLQ])
     ensure_topics(bootstrap, {RETRY.name: RETRY.partitions, DLQ.name: DLQ.partitions, **dict(extra)})
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from app.cli import main
 from app.platform.kafka.admin import apply_plan, describe_topics
@@ -40,14 +40,18 @@ def test_retention_drift_is_fixed_and_partition_drift_needs_the_flag(broker, uni
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
     spec = TopicSpec(f"drift.{unique}", 2, 3_600_000, "delete", "k", "core", "test")
     apply_plan(settings, [spec])
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    override = ConfigEntry("segment.ms", "600000", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name, incremental_configs=[override])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)  # an operator's tuning
     grown = dataclasses.replace(spec, partitions=4, retention_ms=7_200_000)
     report = apply_plan(settings, [grown])
     assert {d.setting for d in report.unfixed} == {"partitions"}
     assert [d.setting for d in report.drift if d.fixed] == ["retention.ms"]
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    # described at once as fixed (apply_plan waits for the broker to say so), the override kept
     conf = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, spec.name)])
     values = next(iter(conf.values())).result()
-    assert values["retention.ms"].value == "7200000"
+    assert (values["retention.ms"].value, values["segment.ms"].value) == ("7200000", "600000")
     report = apply_plan(settings, [grown], grow_partitions=True)
     assert report.unfixed == []
     assert describe_topics(settings, [spec.name])[spec.name]["partitions"] == 4

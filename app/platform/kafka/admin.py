@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
 
 from app.platform.errors import TopicPlanDrift
 from app.platform.kafka.clients import admin_client
@@ -210,6 +217,30 @@ def apply_plan(
     return report
 
 
+def _fix_config(admin: AdminClient, topic: str, wrong: dict[str, str]) -> None:
+    """Set the drifted configs of ``topic`` (only those: an operator's other overrides stay) and
+    return once the broker describes them so. A KRaft broker answers DescribeConfigs from its
+    metadata image, which takes the acknowledged change a moment later: under a CPU hog, a
+    ``topics apply`` right after one that had fixed a retention reported the same drift again."""
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in wrong.items()]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=_TIMEOUT_S)
+    deadline = time.monotonic() + _VISIBLE_WAIT_S
+    while True:
+        described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+        config = {k: e.value for k, e in next(iter(described.values())).result(timeout=_TIMEOUT_S).items()}
+        stale = sorted(k for k, v in wrong.items() if config.get(k) != v)
+        if not stale:
+            return
+        if time.monotonic() > deadline:
+            raise TopicPlanDrift(
+                f"{topic}: {', '.join(stale)} set, but the broker still describes the old value "
+                f"{_VISIBLE_WAIT_S:.0f} s later"
+            )
+        time.sleep(0.2)
+
+
 def _check_topic(
     admin: AdminClient,
     spec: TopicSpec,
@@ -245,9 +276,7 @@ def _check_topic(
     wrong = {k: v for k, v in spec.broker_config().items() if config.get(k) != v}
     if wrong:
         if fix_config:
-            resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name, set_config=spec.broker_config())
-            for future in admin.alter_configs([resource]).values():
-                future.result(timeout=_TIMEOUT_S)
+            _fix_config(admin, spec.name, wrong)
         for key, planned in wrong.items():
             drift.append(Drift(spec.name, key, planned, str(config.get(key)), fix_config))
     return drift
