@@ -23,8 +23,7 @@ from web3 import Web3
 from web3.exceptions import ContractCustomError
 
 from app.lifecycle.chain.deploy import deploy_registry
-from app.lifecycle.chain.evm import event_topic
-from app.lifecycle.chain.registry import WORK_EVENT, load_artefact
+from app.lifecycle.chain.registry import WORK_EVENT, event_topic, load_artefact
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings

@@ -20,11 +20,17 @@ from web3 import AsyncHTTPProvider, AsyncWeb3, Web3
 
 from app.lifecycle.chain.blocks import PendingTx
 from app.lifecycle.chain.deploy import deploy_registry
-from app.lifecycle.chain.evm import EvmBackend, event_topic
+from app.lifecycle.chain.evm import EvmBackend
 from app.lifecycle.chain.evm_logs import block_logs, receipt_logs
 from app.lifecycle.chain.journal import SentTx, TxJournal
 from app.lifecycle.chain.keys import create_key_file
-from app.lifecycle.chain.registry import SETTLEMENT_EVENT, WORK_EVENT, load_artefact, registry_call
+from app.lifecycle.chain.registry import (
+    SETTLEMENT_EVENT,
+    WORK_EVENT,
+    event_topic,
+    load_artefact,
+    registry_call,
+)
 from app.platform.errors import DependencyUnavailable
 from app.servers.ganache import GanacheNode, rpc_call
 from app.servers.process import ServerNotInstalled, free_port
@@ -206,8 +212,7 @@ async def test_a_registration_reads_alike_from_its_blocks_logs_and_from_its_rece
         receipt = await backend.submit(tx)
     finally:
         await backend.aclose()
-    call = registry_call(tx)
-    topics = [event_topic(call.event), "0x" + call.topic.hex()]
+    topics = registry_call(tx).topics
     w3 = AsyncWeb3(AsyncHTTPProvider(chain.node.url))
     try:
         from_logs = await block_logs(w3, receipt.block_height, chain.address, topics)

@@ -61,7 +61,7 @@ from app.platform.errors import (
 )
 from app.platform.settings import Settings
 
-__all__ = ["NODE_ERRORS", "EvmBackend", "custom_error_names", "event_topic"]
+__all__ = ["NODE_ERRORS", "EvmBackend", "custom_error_names"]
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +90,6 @@ _POLL_GRACE_S = 30.0
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def event_topic(signature: str) -> str:
-    """Topic 0 of an event: ``0x`` + keccak of its signature."""
-    return "0x" + keccak(text=signature).hex()
 
 
 def custom_error_names(abi: list[dict[str, Any]]) -> dict[str, str]:
@@ -230,8 +225,7 @@ class EvmBackend:
         block = int(values[-1])
         if block == 0:
             return None
-        topics = [event_topic(call.event), "0x" + call.topic.hex()]
-        logs = await block_logs(self._w3, block, self.address, topics)
+        logs = await block_logs(self._w3, block, self.address, call.topics)
         if not logs:
             raise ChainTransactionFailed(f"{call.view}({call.view_key!r}): block {block} has no event")
         return logs[0]["transactionHash"].to_0x_hex(), block

@@ -20,9 +20,8 @@ from confluent_kafka import Consumer, TopicPartition
 from web3 import AsyncWeb3
 
 from app.lifecycle.chain.deploy import require_contract
-from app.lifecycle.chain.evm import event_topic
 from app.lifecycle.chain.evm_logs import block_logs
-from app.lifecycle.chain.registry import WORK_EVENT, load_artefact
+from app.lifecycle.chain.registry import WORK_EVENT, event_topic, load_artefact
 from app.platform.kafka.clients import consumer_config
 from app.platform.settings import Settings
 from app.platform.topics import CHAIN_TX_CONFIRMED, CHAIN_TX_PENDING

@@ -30,6 +30,7 @@ __all__ = [
     "Artefact",
     "RegistryCall",
     "content_hash_bytes",
+    "event_topic",
     "level_code",
     "load_artefact",
     "registry_call",
@@ -65,6 +66,11 @@ def content_hash_bytes(ref: str) -> bytes:
     return digest
 
 
+def event_topic(signature: str) -> str:
+    """Topic 0 of an event: ``0x`` + keccak of its signature."""
+    return "0x" + keccak(text=signature).hex()
+
+
 def level_code(level: str) -> int:
     """A final level as the contract's ``uint8`` (1-based position in ``FinalLevel``)."""
     return _LEVELS.index(level) + 1
@@ -84,6 +90,11 @@ class RegistryCall:
     topic: bytes
     #: Content hash a work registration claims (checked against ``recordOf`` before sending).
     content_hash: bytes | None = None
+
+    @property
+    def topics(self) -> list[str]:
+        """The log topics of the registering transaction's event: its signature, then ``topic``."""
+        return [event_topic(self.event), "0x" + self.topic.hex()]
 
 
 def _part(body: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -8,9 +8,8 @@ from typing import Any
 
 from hexbytes import HexBytes
 
-from app.lifecycle.chain.evm import event_topic
 from app.lifecycle.chain.evm_logs import block_logs, log_matches
-from app.lifecycle.chain.registry import WORK_EVENT
+from app.lifecycle.chain.registry import WORK_EVENT, event_topic
 
 CONTRACT = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 WORK = event_topic(WORK_EVENT)

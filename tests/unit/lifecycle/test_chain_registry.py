@@ -15,10 +15,17 @@ import pytest
 from app.dev_chain import DEV_CHAIN_PORT, dev_chain_port
 from app.lifecycle.chain.backends import backend_kind
 from app.lifecycle.chain.blocks import PendingTx
-from app.lifecycle.chain.evm import custom_error_names, event_topic
+from app.lifecycle.chain.evm import custom_error_names
 from app.lifecycle.chain.evm_verify import NotarisedRecord, OnChainWork, compare
 from app.lifecycle.chain.keys import create_key_file, parse_key
-from app.lifecycle.chain.registry import ARTEFACT_PATH, load_artefact, registry_call
+from app.lifecycle.chain.registry import (
+    ARTEFACT_PATH,
+    SETTLEMENT_EVENT,
+    WORK_EVENT,
+    event_topic,
+    load_artefact,
+    registry_call,
+)
 from app.platform.errors import ConfigurationError, SchemaViolation
 from app.platform.settings import Settings
 
@@ -81,6 +88,7 @@ def test_evidence_registers_the_work_by_record_id_and_content_hash() -> None:
     assert call.args == (7, bytes.fromhex(CONTENT[7:]), bytes.fromhex(REPORT[7:]), 2)
     assert call.view == "registration" and call.view_key == 7
     assert call.topic == (7).to_bytes(32, "big")
+    assert call.topics == [event_topic(WORK_EVENT), "0x" + "00" * 31 + "07"]
     assert call.content_hash == bytes.fromhex(CONTENT[7:])
 
 
@@ -98,6 +106,7 @@ def test_settlement_is_keyed_by_its_idempotency_key_and_hashes_the_instruction()
     )
     assert call.function == "recordSettlement" and call.view == "settlement"
     assert call.view_key == call.topic == call.args[0] and len(call.topic) == 32
+    assert call.topics == [event_topic(SETTLEMENT_EVENT), "0x" + call.topic.hex()]
     assert other.topic != call.topic
     assert changed.args[2] != call.args[2]
 
