@@ -28,8 +28,12 @@ def dev_broker_port(settings: Settings) -> int:
 
 def start_dev_broker(settings: Settings, data_dir: Path) -> KafkaKRaftBroker:
     """Start Kafka on its data under ``data_dir/kafka`` (fetching its jars on the first run) and
-    make sure the broker that answers on its port is this very process."""
-    broker = KafkaKRaftBroker(data_dir / "kafka", port=dev_broker_port(settings), heap=DEV_BROKER_HEAP)
+    make sure the broker that answers on its port is this very process. The broker gets SIGTERM
+    if ``avcc dev`` dies, so a killed stack leaves no broker holding the port; call this (and
+    restart the broker) from the main thread, the one Linux watches."""
+    broker = KafkaKRaftBroker(
+        data_dir / "kafka", port=dev_broker_port(settings), heap=DEV_BROKER_HEAP, die_with_parent=True
+    )
     broker.start()
     holders = port_holders(broker.port)
     if not broker.running or (holders and broker.pid not in holders):

@@ -55,7 +55,7 @@ def start_dev_chain(data_dir: Path, port: int = DEV_CHAIN_PORT) -> DevChain:
     root = data_dir / "chain"
     key_file = root / "signer.key"
     key = create_key_file(key_file)
-    node = GanacheNode(root / "ganache", port=port, funded_keys=[key])
+    node = GanacheNode(root / "ganache", port=port, funded_keys=[key], die_with_parent=True)
     node.start()
     try:
         address_file = root / "contract-address"

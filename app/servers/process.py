@@ -24,6 +24,7 @@ __all__ = [
     "ManagedServer",
     "ServerNotInstalled",
     "ServerStartError",
+    "die_with_parent",
     "free_port",
     "free_port_block",
     "port_is_open",
@@ -157,8 +158,9 @@ def _stop_all_at_exit() -> None:
 atexit.register(_stop_all_at_exit)
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that asks Linux to SIGTERM the child when its parent thread dies."""
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that asks Linux to SIGTERM the child when its parent thread dies, so a
+    SIGKILLed (or OOM-killed) parent leaves no server or worker behind holding its ports."""
 
     def _preexec() -> None:
         with contextlib.suppress(Exception):
@@ -251,7 +253,7 @@ class ManagedProcess:
         if os.sep in exe and not os.access(exe, os.X_OK):
             raise ServerNotInstalled(f"{self.name}: {exe} is not an executable file")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        preexec = _die_with_parent(os.getpid()) if self.die_with_parent else None
+        preexec = die_with_parent(os.getpid()) if self.die_with_parent else None
         with self.log_path.open("ab") as log:
             log.write(
                 f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.argv)}\n".encode()

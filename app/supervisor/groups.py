@@ -15,6 +15,7 @@ group is reported once, with what to delete, and left stopped while the others r
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.platform.groups import GroupSpec
+from app.servers.process import die_with_parent
 from app.supervisor.backoff import BackoffPolicy, RestartTracker
 from app.worker import EXIT_TABLES_AHEAD_OF_BROKER
 
@@ -84,7 +86,10 @@ class _Member:
 
 
 class GroupSupervisor:
-    """Starts one ``avcc worker GROUP`` per group and keeps each running; call :meth:`tick` often."""
+    """Starts one ``avcc worker GROUP`` per group and keeps each running; call :meth:`tick` often.
+
+    Each worker gets SIGTERM when the thread that started it dies (``PR_SET_PDEATHSIG``): a
+    SIGKILLed ``avcc dev`` takes its workers with it. Start and tick from the main thread."""
 
     def __init__(
         self,
@@ -172,6 +177,7 @@ class GroupSupervisor:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=Path.cwd(),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         member.started_at = self.clock()
         member.restart_at = None

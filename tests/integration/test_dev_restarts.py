@@ -1,7 +1,8 @@
 """`avcc dev` on its own data: the whole stack, stopped with Ctrl-C and started again (twice), still
 serves the records it issued before; a SIGKILLed broker comes back by itself on its data and the
-groups recover; a broker whose data was wiped under kept tables is refused with what to delete,
-before any worker starts (no crash loop).
+groups recover; a SIGKILLed `avcc dev` takes its broker and groups with it; a broker whose data
+was wiped under kept tables is refused with what to delete, before any worker starts (no crash
+loop).
 
 One stack story in one test, as starting the stack is what costs here (about 40 s on 2 cores).
 """
@@ -34,6 +35,7 @@ from tests.integration.test_dev_stack import (
     _wait_ready,
     assert_none_left,
 )
+from tests.processes import alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -98,6 +100,21 @@ class DevStack:
         finally:
             self.kill()
         assert_none_left(children)
+
+    def kill_alone(self) -> None:
+        """SIGKILL ``avcc dev`` alone (an OOM kill, a closed terminal): its broker and its groups
+        go with it, and every port of the stack is free again."""
+        assert self.process is not None
+        children = _descendants(self.process.pid)
+        assert self.broker_pid() in children
+        self.process.kill()
+        self.process.wait()
+        deadline = time.monotonic() + 120
+        while (left := {pid for pid in children if alive(pid)}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"processes that outlived their SIGKILLed avcc dev: {left}"
+        ports = [self.broker_port, *self.ports.values()]
+        assert not {port: holders for port in ports if (holders := port_holders(port))}
 
     def kill(self) -> None:
         """SIGKILL whatever is left of the stack's process group (cleanup after a failure)."""
@@ -170,16 +187,17 @@ def test_the_dev_stack_keeps_its_records_through_broker_kills_and_restarts(tmp_p
         stack.interrupt()
         assert "broker restarts while the stack ran: 1" in stack.log.read_text()
 
-        # -- runs 2 and 3: Ctrl-C and start again; every record is still there, each run adds one
+        # -- runs 2 and 3: start again; every record is still there, each run adds one; run 2 ends
+        # with Ctrl-C, run 3 with a SIGKILL of avcc dev alone, which leaves nothing behind
         restarted_ready: list[float] = []
-        for run in (2, 3):
+        for run, stop in ((2, stack.interrupt), (3, stack.kill_alone)):
             restarted_ready.append(stack.start_ready())
             for record_id, code in issued.items():
                 assert stack.record(record_id, timeout=60)["avcc_code"] == code, (run, record_id)
             added = stack.apply(f"in run {run}")
             issued[added] = stack.record(added)["avcc_code"]
             assert "cannot start" not in stack.log.read_text()
-            stack.interrupt()
+            stop()
         assert (tmp_path / "var" / "workers" / CLUSTER_ID_FILE).read_text().strip() == cluster_id
         assert len(set(issued.values())) == len(issued) == 4
         print(

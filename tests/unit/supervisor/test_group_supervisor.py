@@ -1,11 +1,15 @@
 """The group supervisor on real (tiny) processes and a hand-driven clock: a crashing group is
 restarted with growing delays, the others are left alone, and a crash loop is reported loudly; a
-group whose tables are ahead of the broker is reported once and left stopped."""
+group whose tables are ahead of the broker is reported once and left stopped; a SIGKILLed
+supervisor takes its workers with it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +20,9 @@ from app.platform.groups import GroupSpec, group_spec
 from app.supervisor.backoff import BackoffPolicy
 from app.supervisor.groups import GroupSupervisor, describe_exit
 from app.worker import EXIT_TABLES_AHEAD_OF_BROKER as EXIT_TABLES
+from tests.processes import alive
 
+ROOT = Path(__file__).resolve().parents[3]
 CRASHER = group_spec("review")
 STEADY = group_spec("code")
 
@@ -154,3 +160,46 @@ def test_a_group_whose_tables_are_ahead_of_the_broker_is_reported_once_and_not_r
     assert f"delete {tmp_path / 'var' / 'workers' / 'review'}" in errors[0]
     assert "make clean" in errors[0] and "ConsistencyError" in errors[0]  # the end of its log
     assert (tmp_path / "review.log").read_text().count("ConsistencyError") == 1
+
+
+#: A parent that starts one steady group, says its worker's pid, and waits to be killed.
+_PARENT = """
+import sys, time
+from pathlib import Path
+from app.platform.groups import group_spec
+from app.supervisor.backoff import BackoffPolicy
+from app.supervisor.groups import GroupSupervisor
+
+supervisor = GroupSupervisor(
+    [group_spec("code")],
+    env={},
+    logs=Path(sys.argv[1]),
+    policy=BackoffPolicy(),
+    web_port=lambda spec: 0,
+    command=lambda spec: [sys.executable, "-c", "import time; time.sleep(600)"],
+)
+supervisor.start_all()
+print(supervisor.pids()["code"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_supervisor_takes_its_workers_with_it(tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(tmp_path)], stdout=subprocess.PIPE, cwd=ROOT
+    )
+    assert parent.stdout is not None
+    worker = int(parent.stdout.readline())
+    try:
+        assert alive(worker)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker), "a worker outlived its SIGKILLed supervisor"
+    finally:
+        parent.kill()
+        parent.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
