@@ -109,6 +109,15 @@ def _principal(settings: Settings) -> str:
     return f"User:{settings.kafka_sasl_username}" if settings.kafka_sasl_username else "the client"
 
 
+def _another_protocol(where: str, settings: Settings, detail: str) -> KafkaAccessRefused:
+    """The refusal for a listener that does not speak ``AVCC_KAFKA_SECURITY_PROTOCOL``."""
+    return KafkaAccessRefused(
+        f"{where}: the broker's listener speaks another protocol than "
+        f"AVCC_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: {detail}",
+        EXIT_KAFKA_LOGIN_REFUSED,
+    )
+
+
 def _connected_admin(
     settings: Settings, *, wait_s: float = CONNECT_WAIT_S, wait_log_s: float = 10.0
 ) -> AdminClient:
@@ -140,22 +149,14 @@ def _connected_admin(
                 )
             mismatch = reasons.protocol_mismatch()
             if mismatch is not None:
-                raise KafkaAccessRefused(
-                    f"{where}: the broker's listener speaks another protocol than "
-                    f"AVCC_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: {mismatch}",
-                    EXIT_KAFKA_LOGIN_REFUSED,
-                )
+                raise _another_protocol(where, settings, mismatch)
             last = reasons.failures[-1] if reasons.failures else "no answer"
             now = time.monotonic()
             if next_probe is not None and now >= next_probe:
                 next_probe = now + _TLS_PROBE_EVERY_S
                 if listener_speaks_tls(settings.kafka_bootstrap):
-                    raise KafkaAccessRefused(
-                        f"{where}: the broker's listener speaks another protocol than "
-                        f"AVCC_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: it answers "
-                        "a TLS handshake (use SSL or SASL_SSL)",
-                        EXIT_KAFKA_LOGIN_REFUSED,
-                    )
+                    tls = "it answers a TLS handshake (use SSL or SASL_SSL)"
+                    raise _another_protocol(where, settings, tls)
             if now - started >= wait_s:
                 raise KafkaAccessRefused(
                     f"{where} did not answer within {wait_s:.0f} s: {last}", EXIT_KAFKA_UNAVAILABLE
