@@ -248,6 +248,7 @@ class LagMonitor:
         except TimeoutError:
             LAG_MONITOR_ERRORS.labels(stage="snapshot").inc()
             log.warning("lag snapshot did not answer in %.0f s; asking a new reader next time", timeout)
+            reader.abort()  # its thread stops at its next request instead of reading on for minutes
             self.reader = self.reader_factory()
             return LagSnapshot(
                 time.time(), errors={BROKER_ERROR: f"snapshot did not answer in {timeout:.0f} s"}

@@ -24,7 +24,7 @@ from app.platform.kafka.clients import admin_client, consumer_config
 from app.platform.metrics import LAG_MONITOR_ERRORS
 from app.platform.settings import Settings
 
-__all__ = ["LAG_READER_GROUP", "OffsetReader"]
+__all__ = ["LAG_READER_GROUP", "OffsetReader", "ReaderAborted"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ def _close_quietly(client: Any) -> None:
         log.debug("closing %r failed", client, exc_info=True)
 
 
+class ReaderAborted(RuntimeError):
+    """A read stopped because the reader was aborted or closed meanwhile."""
+
+
 class OffsetReader:
     """Reads group offsets and end offsets with confluent-kafka clients (blocking; call in a thread)."""
 
@@ -55,6 +59,11 @@ class OffsetReader:
         self.config = config if config is not None else LagSettings()
         self.clock = clock
         self._lock = threading.Lock()
+        #: Set by :meth:`abort` and :meth:`close` (from another thread): a read under way stops
+        #: at its next request. With the broker gone each request waits its whole timeout, and a
+        #: snapshot asks about every partition in turn: minutes (an ops worker took 6 min to stop
+        #: after a SIGKILLed dev stack took its broker down).
+        self._aborted = threading.Event()
         self._admin: Any = None
         self._consumer: Any = None
         self._group_consumers: OrderedDict[str, Any] = OrderedDict()
@@ -72,8 +81,13 @@ class OffsetReader:
             self._consumer = Consumer(consumer_config(self.settings, LAG_READER_GROUP, LAG_READER_GROUP))
         return self._consumer
 
+    def abort(self) -> None:
+        """Have a read under way stop at its next request (it returns an error snapshot)."""
+        self._aborted.set()
+
     def close(self) -> None:
-        """Close the clients (idempotent)."""
+        """Stop a read under way, then close the clients (idempotent; the reader may be used again)."""
+        self.abort()
         with self._lock:
             if self._consumer is not None:
                 _close_quietly(self._consumer)
@@ -81,6 +95,11 @@ class OffsetReader:
             while self._group_consumers:
                 _close_quietly(self._group_consumers.popitem()[1])
             self._admin = None
+            self._aborted.clear()
+
+    def _check_aborted(self) -> None:
+        if self._aborted.is_set():
+            raise ReaderAborted("the offset reader was closed during the read")
 
     # -- reads -------------------------------------------------------------------
 
@@ -151,6 +170,7 @@ class OffsetReader:
 
         groups: dict[str, GroupState] = {}
         if group_ids:
+            self._check_aborted()
             described = admin.describe_consumer_groups(sorted(group_ids), request_timeout=timeout)
             for group, future in described.items():
                 try:
@@ -165,6 +185,7 @@ class OffsetReader:
                         state = getattr(listed[group].state, "name", "UNKNOWN")
                         groups[group] = GroupState(group, state)
 
+        self._check_aborted()
         metadata = admin.list_topics(timeout=timeout)
         partitions_of = {
             name: sorted(meta.partitions)
@@ -174,6 +195,7 @@ class OffsetReader:
         every_tp = [(topic, p) for topic in sorted(partitions_of) for p in partitions_of[topic]]
         committed: dict[str, dict[tuple[str, int], int | None]] = {}
         for group in sorted(group_ids):
+            self._check_aborted()
             if group not in listed and groups.get(group, GroupState(group)).state == "DEAD":
                 committed[group] = {}  # no such group: nothing committed (and no request to make)
                 continue
@@ -222,6 +244,7 @@ class OffsetReader:
         timeout = self.config.request_timeout_s
         marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, partition in tps:
+            self._check_aborted()
             try:
                 low, high = consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), timeout=timeout, cached=False

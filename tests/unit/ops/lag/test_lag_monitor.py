@@ -49,9 +49,13 @@ class FakeReader:
     def __init__(self, snapshots: list[LagSnapshot]) -> None:
         self.snapshots = snapshots
         self.closed = False
+        self.aborted = False
 
     def snapshot(self) -> LagSnapshot:
         return self.snapshots.pop(0)
+
+    def abort(self) -> None:
+        self.aborted = True
 
     def close(self) -> None:
         self.closed = True
@@ -120,6 +124,7 @@ async def test_a_snapshot_that_never_answers_reports_a_broker_error_and_a_fresh_
     report = await asyncio.wait_for(monitor.tick(), 2)
     assert BROKER_ERROR in report.errors
     assert monitor.reader is fresh and not stuck.closed
+    assert stuck.aborted and not fresh.aborted, "the stuck read is told to stop at its next request"
     await asyncio.wait_for(monitor.tick(), 2)
     assert sample("avcc_consumer_lag_messages", group=group, topic=topic, partition="0") == 1500
     release.set()
