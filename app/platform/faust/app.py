@@ -88,8 +88,8 @@ def create_app(
 ) -> faust.App:
     """A faust App (= consumer group ``app_id``) with the pipeline's settings.
 
-    ``reply_to`` names the stable reply topic faust subscribes (no agent here asks: it stays
-    empty; ``None``: faust's per-process one); ``overrides`` are further faust settings. Its web
+    ``reply_to`` names the stable reply topic of the group (no agent here asks, so nothing
+    subscribes it; ``None``: faust's per-process one); ``overrides`` are further faust settings. Its web
     server counts every answer in ``avcc_http_requests_total`` (:func:`count_requests`), adds the
     security headers (:func:`security_headers`) and asks for an operator login on every page that
     is not ``/v1/`` (signed) or a probe (:func:`operator_login`).
@@ -126,7 +126,9 @@ def create_app(
         "web_in_thread": False,
         "table_standby_replicas": 0,
         "stream_wait_empty": True,
-        "reply_create_topic": True,
+        # No agent asks (faust's ask/reply), so nothing reads replies: faust's reply consumer,
+        # started with reply_create_topic, only subscribed the empty topic and slept 3 s.
+        "reply_create_topic": False,
         "reply_to": reply_to,
         "Worker": AvccWorker,
         "web_application_options": {"middlewares": [count_requests, security_headers, operator_login(guard)]},
