@@ -46,6 +46,20 @@ class Settings(BaseSettings):
     kafka_session_timeout_ms: int = Field(
         10_000, description="Consumer session timeout; low so rebalances after a crash are quick."
     )
+    kafka_group_instance_id: str | None = Field(
+        None,
+        description="Static consumer-group membership (KIP-345): this worker's stable identity in "
+        "its group, unique among the group's replicas (a StatefulSet pod's name). A worker restarted "
+        "within the session timeout gets its partitions back at once, without a rebalance; a worker "
+        "stopped for good keeps them until the session timeout. Unset: dynamic membership.",
+    )
+    table_standby_replicas: int = Field(
+        0,
+        ge=0,
+        description="Warm copies of each table partition that other replicas of the group keep "
+        "(standbys): when the owner of a partition dies, a replica holding its copy serves it "
+        "after replaying only the tail. 0 in dev; 1 in the Kubernetes manifests.",
+    )
     replication_factor: int = Field(1, description="Replication factor for created topics.")
     kafka_fetch_min_bytes: int = Field(
         64 * 1024,

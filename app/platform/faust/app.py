@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from functools import cache
 from pathlib import Path
@@ -10,6 +11,7 @@ from urllib.parse import urlparse
 
 import faust
 
+from app.platform.faust.recovery import AvccTable, TableRecovery
 from app.platform.groups import group_spec
 from app.platform.http.counting import count_requests
 from app.platform.http.headers import security_headers
@@ -76,6 +78,15 @@ class AvccApp(faust.App):
     #: The operator login of this worker's pages (see :mod:`app.platform.http.operators`), shared
     #: by every page so its failed-login limits hold across them; set by :func:`create_app`.
     operator_guard: OperatorGuard | None = None
+    #: The project's recovery of this App's tables (:mod:`app.platform.faust.recovery`).
+    table_recovery: TableRecovery | None = None
+
+    async def on_stop(self) -> None:
+        """The table recovery's reader first (it writes into the stores faust is about to
+        close), then faust's stop."""
+        if self.table_recovery is not None:
+            await asyncio.to_thread(self.table_recovery.close)
+        await super().on_stop()
 
 
 def create_app(
@@ -124,7 +135,9 @@ def create_app(
         "web_tables_enabled": False,
         "web_router_enabled": False,
         "web_in_thread": False,
-        "table_standby_replicas": 0,
+        "table_standby_replicas": settings.table_standby_replicas,
+        "Table": AvccTable,
+        "consumer_group_instance_id": settings.kafka_group_instance_id,
         "stream_wait_empty": True,
         # No agent asks (faust's ask/reply), so nothing reads replies: faust's reply consumer,
         # started with reply_create_topic, only subscribed the empty topic and slept 3 s.
@@ -136,6 +149,7 @@ def create_app(
     }
     app = AvccApp(app_id, **options)
     app.operator_guard = guard
+    app.table_recovery = TableRecovery(app, settings)
     return app
 
 

@@ -43,6 +43,7 @@ from faust.types import TP
 
 from app.platform.faust import internals
 from app.platform.faust.cursor import Cursors, OffsetSource
+from app.platform.faust.recovery import wait_restored
 from app.platform.faust.tables import Staged, Write, staging, write_durably
 from app.platform.kafka.producers import EventProducer, Outbound
 from app.platform.metrics import BATCH_EVENTS, BATCH_FAILURES, BATCH_SECONDS, COMMIT_FAILURES
@@ -206,7 +207,9 @@ class BatchAgent:
         )
 
     async def handle(self, events: Sequence[Any]) -> None:
-        """Admit, process, make durable and commit one batch."""
+        """Admit, process, make durable and commit one batch (once the App's tables are
+        restored: a batch must read and write whole tables)."""
+        await wait_restored(self.app)
         async with self.lock:
             if faust.current_event() is not None:  # reads would then see one partition only
                 raise RuntimeError(f"{self.name}: a batch must run outside faust's per-event context")

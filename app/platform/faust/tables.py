@@ -28,12 +28,14 @@ from pydantic import BaseModel, RootModel
 from app.platform.kafka.producers import EventProducer, Outbound
 
 __all__ = [
+    "ChangelogEvent",
     "ModelTable",
     "ParkedIds",
     "Staged",
     "Write",
     "model_table",
     "parking_table",
+    "same",
     "staging",
     "write_durably",
 ]
@@ -125,23 +127,27 @@ class ModelTable(Generic[_M]):
         return str(self.table.changelog_topic.get_topic_name())
 
 
-@dataclass(frozen=True, slots=True)
-class _LoggedMessage:
-    """What faust's stores read of a changelog message in ``apply_changelog_batch``."""
+class ChangelogEvent:
+    """A changelog message as faust's stores read it in ``apply_changelog_batch``
+    (``event.message.tp`` ... ``.value``): it is its own ``message``."""
 
-    tp: TP
-    partition: int
-    offset: int
-    key: bytes
-    value: bytes | None
+    __slots__ = ("key", "offset", "partition", "tp", "value")
+
+    def __init__(self, tp: TP, offset: int, key: bytes, value: bytes | None) -> None:
+        self.tp = tp
+        self.partition = tp.partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+
+    @property
+    def message(self) -> ChangelogEvent:
+        """faust's events carry their message; this one is both."""
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class _Logged:
-    message: _LoggedMessage
-
-
-def _same(value: Any) -> Any:
+def same(value: Any) -> Any:
+    """The identity: a changelog's raw key and value are what the stores hold."""
     return value
 
 
@@ -164,13 +170,13 @@ async def write_durably(producer: EventProducer, staged: Staged) -> None:
         for (table, partition, value), key in zip(entries, keys, strict=True)
     ]
     deliveries = await producer.send_batch(messages)
-    by_table: dict[int, tuple[ModelTable[Any], list[_Logged]]] = {}
+    by_table: dict[int, tuple[ModelTable[Any], list[ChangelogEvent]]] = {}
     for (table, _, _), message, delivery in zip(entries, messages, deliveries, strict=True):
         tp = TP(delivery.topic, delivery.partition)
-        logged = _LoggedMessage(tp, delivery.partition, delivery.offset, message.key or b"", message.value)
-        by_table.setdefault(id(table), (table, []))[1].append(_Logged(logged))
+        logged = ChangelogEvent(tp, delivery.offset, message.key or b"", message.value)
+        by_table.setdefault(id(table), (table, []))[1].append(logged)
     for table, logged_writes in by_table.values():
-        table.table.data.apply_changelog_batch(logged_writes, to_key=_same, to_value=_same)
+        table.table.data.apply_changelog_batch(logged_writes, to_key=same, to_value=same)
 
 
 def model_table(app: Any, name: str, model: type[_M], *, partitions: int, help: str) -> ModelTable[_M]:

@@ -14,7 +14,9 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from app.platform.credentials import Scope
+from app.platform.faust.recovery import restoring, table_recovery
 from app.platform.http.auth import HEADER_SIGNATURE, RequestRefused, SignedRequest, authenticate, claim_nonce
 from app.platform.http.responses import json_error
 from app.platform.kafka.partitioner import partition_for, record_key
@@ -42,6 +45,7 @@ __all__ = [
     "is_forwarded",
     "is_local",
     "owner_url",
+    "ownership_settled",
     "partition_owner_url",
     "partitions_settled",
     "peer_partitions",
@@ -49,6 +53,7 @@ __all__ = [
     "record_request",
     "table_peers",
     "table_wide_request",
+    "unsettled_answer",
     "wait_settled",
 ]
 
@@ -112,17 +117,26 @@ async def forward_to(
         )
 
 
-def partitions_settled(app: Any) -> bool:
-    """Whether no rebalance is in progress and this worker's table partitions are recovered: a
-    key missing from a table then really is missing (not yet restored would be a wrong 404)."""
+def ownership_settled(app: Any) -> bool:
+    """Whether no rebalance is in progress and faust's recovery is done: who owns each partition
+    is known."""
     return not app.rebalancing and bool(app.tables.actives_ready)
 
 
-async def wait_settled(app: Any, wait_s: float | None = None) -> bool:
-    """Wait (at most ``wait_s``, default :data:`SETTLE_WAIT_S`) until :func:`partitions_settled`;
-    whether it is."""
+def partitions_settled(app: Any) -> bool:
+    """Whether ownership is settled and this worker's table partitions are restored (faust's
+    recovery and the project's: :func:`restoring`): a key missing from a table then really is
+    missing (not yet restored would be a wrong 404)."""
+    return ownership_settled(app) and not restoring(app)
+
+
+async def wait_settled(
+    app: Any, wait_s: float | None = None, settled: Callable[[Any], bool] = partitions_settled
+) -> bool:
+    """Wait (at most ``wait_s``, default :data:`SETTLE_WAIT_S`) until ``settled(app)``; whether
+    it is."""
     deadline = time.monotonic() + (SETTLE_WAIT_S if wait_s is None else wait_s)
-    while not partitions_settled(app):
+    while not settled(app):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(0.1)
@@ -132,6 +146,25 @@ async def wait_settled(app: Any, wait_s: float | None = None) -> bool:
 def rebalancing_answer(what: str = "partitions are being assigned or recovered") -> web.Response:
     """The 503 (``Retry-After: 1``) of a request that arrived while ownership is unsettled."""
     return json_error(503, f"{what} (rebalancing); retry", reason="rebalancing", retry_after_s=1)
+
+
+def unsettled_answer(app: Any) -> web.Response:
+    """The 503 of a request this worker cannot answer yet: ``recovering`` (how far, and a
+    ``Retry-After`` from the restore's ETA, at most 10 s) while its table partitions are being
+    restored, else :func:`rebalancing_answer`."""
+    recovery = table_recovery(app)
+    progress = [p for p in recovery.progress() if p.recovering] if recovery is not None else []
+    if not progress:
+        return rebalancing_answer()
+    etas = [p.eta_s for p in progress if p.eta_s is not None]
+    retry_after = max(1, min(10, math.ceil(max(etas)))) if etas else 1
+    what = "; ".join(p.describe() for p in progress)
+    return json_error(
+        503,
+        f"table partitions are being restored ({what}); retry",
+        reason="recovering",
+        retry_after_s=retry_after,
+    )
 
 
 def owner_url(app: Any, table: Any, key: bytes) -> str | None:
@@ -239,7 +272,7 @@ async def table_wide_request(
     except RequestRefused as exc:
         return exc.response()
     if not await wait_settled(app):
-        return rebalancing_answer()
+        return unsettled_answer(app)
     return forwarded
 
 
@@ -273,7 +306,7 @@ async def answer_at_owner(
     ``table``, a refusal when the nonce was used, a 503 with ``Retry-After`` while ownership is
     unsettled (after a bounded wait: a rebalance, a recovery, an unreachable or moved owner);
     ``None`` when this worker must answer (the nonce is then claimed)."""
-    if not await wait_settled(app):
+    if not await wait_settled(app, settled=ownership_settled):
         return rebalancing_answer()
     owner = owner_url(app, table, signed.key)
     if owner is None:
@@ -282,6 +315,8 @@ async def answer_at_owner(
         if signed.forwarded:  # the sender's assignment is older than ours: never forward twice
             return rebalancing_answer("partition owner moved")
         return await forward_to(owner, request, signed.body, settings)
+    if not await wait_settled(app):
+        return unsettled_answer(app)
     try:
         await claim_nonce(signed.signed, settings)
     except RequestRefused as exc:

@@ -42,6 +42,7 @@ from app.ops.watchdog import (
 )
 from app.platform.faust.app import consumer_group_id
 from app.platform.faust.batches import offsets_view
+from app.platform.faust.recovery import table_recovery
 from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
 from app.platform.http.openapi import install_openapi
@@ -133,6 +134,18 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
                 "status": "recovering",
                 "reason": "tables are being recovered from changelogs",
             }
+        restores = table_recovery(app)
+        tables = restores.progress() if restores is not None else []
+        restoring = [t for t in tables if t.recovering]
+        if restoring:
+            return False, {
+                **body,
+                "status": "recovering",
+                "reason": "; ".join(t.describe() for t in restoring),
+                "tables": [t.as_dict() for t in tables],
+            }
+        if tables:
+            body["tables"] = [t.as_dict() for t in tables]
         partitions = len(assignment)
     elif state.assignment is not None:
         try:
@@ -273,14 +286,17 @@ class WorkerLagExporter:
 
 
 def recovery_remaining(app: Any) -> int | None:
-    """Changelog offsets faust's table recovery still has to read (``None``: not recovering)."""
+    """Changelog records the worker's table recovery still has to read, faust's and the
+    project's restores together (``None``: not recovering)."""
+    restores = table_recovery(app)
+    restoring = sum(t.remaining for t in restores.progress()) if restores is not None else 0
     try:
         manager = app.tables
         if not manager.recovery.in_recovery:
-            return None
-        return int(manager.recovery.active_remaining_total())
+            return restoring or None
+        return int(manager.recovery.active_remaining_total()) + restoring
     except Exception:  # no tables (yet): nothing to recover
-        return None
+        return restoring or None
 
 
 def _exporter_service(

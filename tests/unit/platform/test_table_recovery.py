@@ -1,0 +1,108 @@
+"""The project's table recovery: what a rebalance reads of each partition, and what it reports."""
+
+from __future__ import annotations
+
+from faust.types import TP
+
+from app.platform.faust.recovery import (
+    TableProgress,
+    changelog_events,
+    plan_partitions,
+)
+from app.platform.kafka.changelog import Change, ChangelogRange
+
+TOPIC = "avcc-code-records-changelog"
+
+
+def tp(partition: int) -> TP:
+    return TP(TOPIC, partition)
+
+
+def test_an_empty_active_store_is_restored_to_the_high_watermark_and_reported_there() -> None:
+    plan = plan_partitions({tp(0)}, set(), {tp(0): -1}, {(TOPIC, 0): 1000}, {})
+    [restore] = plan.ranges
+    assert (restore.position, restore.end) == (0, 1000)
+    assert plan.claims == {tp(0): 999}  # faust's recovery has nothing left to read
+    assert plan.dropped == []
+
+
+def test_a_kept_store_restores_only_its_tail() -> None:
+    plan = plan_partitions({tp(0)}, set(), {tp(0): 949}, {(TOPIC, 0): 1000}, {})
+    [restore] = plan.ranges
+    assert (restore.position, restore.end, restore.remaining) == (950, 1000, 50)
+
+
+def test_a_current_store_reads_nothing_and_keeps_its_own_checkpoint() -> None:
+    plan = plan_partitions({tp(0)}, set(), {tp(0): 999}, {(TOPIC, 0): 1000}, {})
+    assert plan.ranges == [] and plan.claims == {tp(0): None}
+
+
+def test_a_store_ahead_of_its_changelog_is_left_to_faust_s_consistency_check() -> None:
+    reading = {(TOPIC, 1): ChangelogRange(TOPIC, 1, 10, None)}
+    plan = plan_partitions(
+        {tp(0)}, {tp(1)}, {tp(0): 5000, tp(1): 5000}, {(TOPIC, 0): 1000, (TOPIC, 1): 10}, reading
+    )
+    assert plan.ranges == []
+    assert plan.claims == {tp(0): None, tp(1): None}  # the store's own offset: faust sees it ahead
+    assert plan.dropped == [(TOPIC, 1)]
+
+
+def test_a_standby_is_followed_from_its_checkpoint_and_faust_starts_its_tail_at_the_end() -> None:
+    plan = plan_partitions(set(), {tp(2)}, {tp(2): 99}, {(TOPIC, 2): 1000}, {})
+    [follow] = plan.ranges
+    assert (follow.position, follow.end, follow.high, follow.remaining) == (100, None, 1000, 900)
+    assert plan.claims == {tp(2): 999}
+
+
+def test_a_standby_already_followed_goes_on_unchanged() -> None:
+    following = ChangelogRange(TOPIC, 2, 500, None)
+    plan = plan_partitions(set(), {tp(2)}, {tp(2): 499}, {(TOPIC, 2): 1000}, {(TOPIC, 2): following})
+    assert plan.ranges == [] and plan.claims == {tp(2): 999}
+
+
+def test_a_promoted_standby_that_is_current_stops_being_followed() -> None:
+    following = ChangelogRange(TOPIC, 2, 1000, None)
+    plan = plan_partitions({tp(2)}, set(), {tp(2): 999}, {(TOPIC, 2): 1000}, {(TOPIC, 2): following})
+    assert plan.ranges == [] and plan.dropped == [(TOPIC, 2)] and plan.claims == {tp(2): None}
+
+
+def test_a_promoted_standby_behind_restores_its_tail_instead_of_following() -> None:
+    following = ChangelogRange(TOPIC, 2, 980, None)
+    plan = plan_partitions({tp(2)}, set(), {tp(2): 979}, {(TOPIC, 2): 1000}, {(TOPIC, 2): following})
+    [restore] = plan.ranges
+    assert (restore.position, restore.end) == (980, 1000)
+    assert plan.claims == {tp(2): 999}
+
+
+def test_a_restore_under_way_goes_on_at_a_second_rebalance() -> None:
+    under_way = ChangelogRange(TOPIC, 0, 400, 1000)
+    plan = plan_partitions({tp(0)}, set(), {tp(0): 399}, {(TOPIC, 0): 1200}, {(TOPIC, 0): under_way})
+    assert plan.ranges == [] and plan.claims == {tp(0): 999}
+
+
+def test_a_demoted_active_is_followed_as_a_standby() -> None:
+    done = ChangelogRange(TOPIC, 0, 1000, 1000)
+    plan = plan_partitions(set(), {tp(0)}, {tp(0): 999}, {(TOPIC, 0): 1100}, {(TOPIC, 0): done})
+    [follow] = plan.ranges
+    assert (follow.position, follow.end) == (1000, None)
+
+
+def test_progress_says_how_far_and_how_long() -> None:
+    progress = TableProgress("records", 1200, 400_000, 100_000.0, 0.012, 0)
+    assert progress.recovering
+    assert progress.describe() == "records: recovering 1200 of 400000 changelog records, ETA 0 s"
+    assert progress.as_dict()["eta_s"] == 0.0
+    idle = TableProgress("records", 0, 0, 0.0, None, 7)
+    assert not idle.recovering and idle.as_dict()["standby_lag"] == 7
+
+
+def test_restored_changes_read_as_faust_s_changelog_events() -> None:
+    [event] = changelog_events(tp(3), [Change(41, b"k", b"v")])
+    message = event.message
+    assert (message.tp, message.partition, message.offset, message.key, message.value) == (
+        tp(3),
+        3,
+        41,
+        b"k",
+        b"v",
+    )
