@@ -13,24 +13,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Final, NoReturn
+from typing import NoReturn
 
+from app.platform.faust.recovery import EXIT_TABLES_AHEAD_OF_BROKER, tables_ahead_of_broker
 from app.platform.groups import GroupSpec
 
 __all__ = ["EXIT_TABLES_AHEAD_OF_BROKER", "run_worker", "tables_ahead_of_broker"]
 
-#: Exit status of a worker whose tables are ahead of the broker's changelogs (sysexits' EX_DATAERR).
-EXIT_TABLES_AHEAD_OF_BROKER: Final = 65
-
 log = logging.getLogger("avcc.worker")
-
-
-def tables_ahead_of_broker(app: Any) -> BaseException | None:
-    """faust's ``ConsistencyError`` if that is what crashed ``app``, else ``None``."""
-    from faust.exceptions import ConsistencyError
-
-    reason = getattr(app, "crash_reason", None)
-    return reason if isinstance(reason, ConsistencyError) else None
 
 
 def run_worker(spec: GroupSpec, args: list[str]) -> NoReturn:

@@ -200,6 +200,14 @@ class Settings(BaseSettings):
         None, description="Alertmanager-compatible webhook for P2 alerts (log sink always on)."
     )
     alert_dedup_window_s: float = Field(300.0, description="Same group+error alerts merge window.")
+    worker_stop_s: float = Field(
+        8.0,
+        gt=0,
+        le=120,
+        description="Longest a worker takes to stop once asked (SIGTERM): past it, it exits with the "
+        "status it would have stopped with (its broker gone, faust would wait 60 s). Keep it below "
+        "the pod's termination grace period.",
+    )
     worker_stall_s: float = Field(
         120.0,
         description="A faust worker whose assigned partitions keep lag while their committed "

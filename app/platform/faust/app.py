@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import ssl
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,7 @@ from urllib.parse import urlparse
 
 import faust
 
-from app.platform.faust.recovery import AvccTable, TableRecovery
+from app.platform.faust.recovery import AvccTable, TableRecovery, stop_status
 from app.platform.groups import group_spec
 from app.platform.http.counting import count_requests
 from app.platform.http.headers import security_headers
@@ -20,6 +23,8 @@ from app.platform.settings import Settings, get_settings
 from app.platform.topics import reply_topic
 
 __all__ = ["AvccApp", "AvccWorker", "consumer_group_id", "create_app", "get_app"]
+
+log = logging.getLogger(__name__)
 
 
 def consumer_group_id(group: str) -> str:
@@ -70,6 +75,32 @@ class AvccWorker(faust.Worker):
         """faust's hook, with the spinner turned off first."""
         self.spinner = None
         super().on_setup_root_logger(logger, level)
+
+    async def on_stop(self) -> None:
+        """Arm the stop deadline (``AVCC_WORKER_STOP_S``), then stop as faust does.
+
+        With its broker gone, faust's stop waits 60 s for its consumer thread, longer than
+        Kubernetes' grace period: the kubelet then kills the worker anyway. Past the deadline the
+        worker exits itself, with the status it would have stopped with. Nothing is lost: offsets
+        are committed only after their effects are durable, so what was not committed is
+        processed again (and deduplicated).
+        """
+        deadline = get_settings().worker_stop_s
+        timer = threading.Timer(deadline, self._stop_overdue, args=(deadline,))
+        timer.daemon = True
+        timer.start()
+        await super().on_stop()
+
+    def _stop_overdue(self, deadline: float) -> None:
+        status = stop_status(self.app)
+        log.critical(
+            "the worker did not stop within %.0f s (its broker gone?): exiting now with status %d; "
+            "what was not committed is processed again",
+            deadline,
+            status,
+        )
+        logging.shutdown()
+        os._exit(status)
 
 
 class AvccApp(faust.App):

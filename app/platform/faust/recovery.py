@@ -18,7 +18,7 @@ public ``Collection`` API, at every rebalance:
      watermark): fetched in bulk, written through the store's write batches;
    * a *standby* partition gets a following range, kept warm as the changelog grows;
    * a store *ahead* of its changelog gets nothing: faust's consistency check stops the worker,
-     as before (:data:`app.worker.EXIT_TABLES_AHEAD_OF_BROKER`).
+     as before (``EXIT_TABLES_AHEAD_OF_BROKER``).
 
    For every partition the reader takes, the table reports the high watermark it planned to as
    its persisted offset, so faust's own recovery has nothing left to read (its events of a
@@ -57,13 +57,16 @@ from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
 
 __all__ = [
+    "EXIT_TABLES_AHEAD_OF_BROKER",
     "AvccTable",
     "Plan",
     "TableProgress",
     "TableRecovery",
     "plan_partitions",
     "restoring",
+    "stop_status",
     "table_recovery",
+    "tables_ahead_of_broker",
     "wait_restored",
 ]
 
@@ -379,6 +382,26 @@ def plan_partitions(
 def _checkpoint(persisted: int | None) -> int:
     """A store's persisted offset, ``-1`` when it holds none."""
     return -1 if persisted is None else int(persisted)
+
+
+#: Exit status of a worker whose tables are ahead of the broker's changelogs (sysexits' EX_DATAERR).
+EXIT_TABLES_AHEAD_OF_BROKER: Final = 65
+
+
+def tables_ahead_of_broker(app: Any) -> BaseException | None:
+    """faust's ``ConsistencyError`` if that is what crashed ``app``, else ``None``."""
+    from faust.exceptions import ConsistencyError
+
+    reason = getattr(app, "crash_reason", None)
+    return reason if isinstance(reason, ConsistencyError) else None
+
+
+def stop_status(app: Any) -> int:
+    """The exit status of a worker of ``app`` that stops now: :data:`EXIT_TABLES_AHEAD_OF_BROKER`
+    when its tables are ahead of the broker, 1 when it crashed otherwise, else 0."""
+    if tables_ahead_of_broker(app) is not None:
+        return EXIT_TABLES_AHEAD_OF_BROKER
+    return 1 if getattr(app, "crashed", False) else 0
 
 
 def table_recovery(app: Any) -> TableRecovery | None:

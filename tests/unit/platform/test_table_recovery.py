@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from faust.exceptions import ConsistencyError
 from faust.types import TP
 
 from app.platform.faust.recovery import (
+    EXIT_TABLES_AHEAD_OF_BROKER,
     TableProgress,
     changelog_events,
     plan_partitions,
+    stop_status,
 )
 from app.platform.kafka.changelog import Change, ChangelogRange
 
@@ -106,3 +111,10 @@ def test_restored_changes_read_as_faust_s_changelog_events() -> None:
         b"k",
         b"v",
     )
+
+
+def test_a_worker_stopping_late_exits_with_the_status_it_would_have_stopped_with() -> None:
+    assert stop_status(SimpleNamespace(crashed=False, crash_reason=None)) == 0
+    assert stop_status(SimpleNamespace(crashed=True, crash_reason=RuntimeError("x"))) == 1
+    ahead = SimpleNamespace(crashed=True, crash_reason=ConsistencyError("ahead"))
+    assert stop_status(ahead) == EXIT_TABLES_AHEAD_OF_BROKER == 65
