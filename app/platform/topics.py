@@ -8,6 +8,7 @@ changelogs, faust reply topics) are named by faust or by :func:`reply_topic` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -21,9 +22,11 @@ __all__ = [
     "CHAIN_TX_PENDING",
     "CODE_CLAIMS",
     "CODE_REVIEW_FINISHED",
+    "COMPACTION",
     "DAY_MS",
     "DLQ",
     "DLQ_STATE",
+    "HOUR_MS",
     "INFINITE",
     "NONCES",
     "PLAYBACK_EVENT",
@@ -40,9 +43,22 @@ __all__ = [
 ProducerProfile = Literal["core", "playback"]
 CleanupPolicy = Literal["delete", "compact"]
 
-DAY_MS = 24 * 60 * 60 * 1000
+HOUR_MS = 60 * 60 * 1000
+DAY_MS = 24 * HOUR_MS
 #: Kafka's spelling of "keep forever".
 INFINITE = -1
+
+#: Configs of every compacted state topic (table changelogs, detector snapshots), so a replay
+#: reads about one version of each key: Kafka never compacts a partition's active segment, so it
+#: rolls at least hourly (by default only at 1 GiB, holding every version written meanwhile); the
+#: cleaner starts once a tenth of a log is dirty (by default a half: a replay could read two
+#: versions a key); deletions (tombstones) are kept a day, far longer than any restore takes, so a
+#: restore always sees them.
+COMPACTION: Mapping[str, str] = {
+    "segment.ms": str(HOUR_MS),
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": str(DAY_MS),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +80,16 @@ class TopicSpec:
         return None if self.retention_ms == INFINITE else self.retention_ms / DAY_MS
 
     def broker_config(self) -> dict[str, str]:
-        """Topic-level configs applied on creation and checked for drift."""
-        return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+        """Topic-level configs applied on creation and checked for drift (a compacted topic's
+        :data:`COMPACTION` included)."""
+        config = {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+        if self.cleanup_policy == "compact":
+            config.update(COMPACTION)
+        return config
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready description (used by ``avcc topics plan --json``)."""
-        return asdict(self)
+        """JSON-ready description with the broker configs (used by ``avcc topics plan --json``)."""
+        return {**asdict(self), "config": self.broker_config()}
 
 
 APPLY_CREATED = TopicSpec(

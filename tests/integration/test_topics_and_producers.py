@@ -15,7 +15,7 @@ from app.platform.kafka.admin import apply_plan, describe_topics
 from app.platform.kafka.partitioner import partition_for, record_key
 from app.platform.kafka.producers import EventProducer
 from app.platform.settings import Settings
-from app.platform.topics import APPLY_CREATED, TOPIC_PLAN, TopicSpec
+from app.platform.topics import APPLY_CREATED, COMPACTION, HOUR_MS, INFINITE, TOPIC_PLAN, TopicSpec
 
 
 def uniquely_named(unique: str) -> list[TopicSpec]:
@@ -57,6 +57,24 @@ def test_retention_drift_is_fixed_and_partition_drift_needs_the_flag(broker, uni
     assert describe_topics(settings, [spec.name])[spec.name]["partitions"] == 4
     shrunk = dataclasses.replace(grown, partitions=3)
     assert apply_plan(settings, [shrunk]).unfixed[0].setting == "partitions"
+
+
+def test_a_changelog_is_compacted_to_keep_replays_short_and_its_compaction_drift_is_fixed(
+    broker, unique: str
+) -> None:
+    settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
+    spec = TopicSpec(f"changelog.{unique}", 2, INFINITE, "compact", "table key", "core", "test")
+    apply_plan(settings, [spec])
+    config = describe_topics(settings, [spec.name])[spec.name]["config"]
+    assert {k: config[k] for k in COMPACTION} == dict(COMPACTION)
+    assert COMPACTION["segment.ms"] == str(HOUR_MS)  # the active segment rolls, so it is compacted
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    reset = ConfigEntry("min.cleanable.dirty.ratio", "0.5", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name, incremental_configs=[reset])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    report = apply_plan(settings, [spec])
+    assert [(d.setting, d.fixed) for d in report.drift] == [("min.cleanable.dirty.ratio", True)]
+    assert describe_topics(settings, [spec.name])[spec.name]["config"]["min.cleanable.dirty.ratio"] == "0.1"
 
 
 def test_topics_apply_cli_exit_codes(broker, monkeypatch: pytest.MonkeyPatch) -> None:
