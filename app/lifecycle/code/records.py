@@ -21,11 +21,13 @@ from schemas.envelope import Envelope
 from schemas.review import ReviewTaskFinished
 
 __all__ = [
+    "HISTORY_LIMIT",
     "SEEN",
     "HistoryEntry",
     "RecordState",
     "RecordStatus",
     "apply_created",
+    "capped",
     "is_duplicate",
     "review_finished",
     "tx_confirmed",
@@ -34,8 +36,15 @@ __all__ = [
 RecordStatus = Literal["submitted", "need_human", "approved", "rejected", "chain_failed", "issued"]
 
 #: Processed event ids of a record, kept as long as the topics the record's events come from
-#: keep them (chain.tx.confirmed: 30 days), so any redelivery is recognised.
+#: keep them (chain.tx.confirmed: 30 days), so any redelivery is recognised. Their number is
+#: bounded by the events a record can get: every event id of the lifecycle is derived from its
+#: input (apply.created from the claim, review results from the task, receipts from the
+#: transaction).
 SEEN = SeenEvents.for_inputs(APPLY_CREATED, REVIEW_TASK_FINISHED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
+#: Most transitions a record keeps in its history: the first (the application) and the latest
+#: ones. A record is read and rewritten whole at every event and its changelog replayed whole, so
+#: its size must stay bounded whatever happens to it (a lifecycle takes 3 to 6 transitions).
+HISTORY_LIMIT = 16
 
 
 class HistoryEntry(BaseModel):
@@ -85,6 +94,13 @@ class RecordState(BaseModel):
         return self.model_dump(exclude={"seen"})
 
 
+def capped(history: tuple[HistoryEntry, ...]) -> tuple[HistoryEntry, ...]:
+    """``history`` with at most :data:`HISTORY_LIMIT` entries: the first and the latest."""
+    if len(history) <= HISTORY_LIMIT:
+        return history
+    return (history[0], *history[len(history) - HISTORY_LIMIT + 1 :])
+
+
 def is_duplicate(state: RecordState | None, envelope: Envelope[Any]) -> bool:
     """Whether this event id was already applied to the record."""
     return state is not None and SEEN.contains(state.seen, str(envelope.event_id))
@@ -131,7 +147,7 @@ def _transition(
         update={
             "status": status,
             "updated_ms": now_ms,
-            "history": (*before.history, entry),
+            "history": capped((*before.history, entry)),
             "seen": SEEN.remember(before.seen, str(envelope.event_id), now_ms),
         }
     )

@@ -6,6 +6,7 @@ import itertools
 from typing import Any
 
 from app.lifecycle.code.records import (
+    HISTORY_LIMIT,
     SEEN,
     RecordState,
     apply_created,
@@ -98,3 +99,18 @@ def test_a_replayed_event_changes_nothing() -> None:
     apply, review, chain = applied(), reviewed(), confirmed()
     [*_, issued] = replay([("apply", apply), ("review", review), ("chain", chain)])
     assert all(is_duplicate(issued, e) for e in (apply, review, chain))
+
+
+def test_a_record_keeps_its_application_and_its_latest_transitions_however_many_it_gets() -> None:
+    apply = applied()
+    events: list[tuple[str, Envelope[Any]]] = [("apply", apply)]
+    events += [("review", reviewed("need_human")) for _ in range(HISTORY_LIMIT + 10)]
+    last = confirmed("failed")
+    events.append(("chain", last))
+    [*_, state] = replay(events)
+    assert len(state.history) == HISTORY_LIMIT
+    assert state.history[0].event == "apply.created"
+    assert state.history[-1].event_id == str(last.event_id)
+    assert [h.at_ms for h in state.history[1:]] == list(range(len(events) - HISTORY_LIMIT + 1, len(events)))
+    # what left the history is still recognised as processed
+    assert all(is_duplicate(state, envelope) for _, envelope in events)
