@@ -27,6 +27,10 @@ __all__ = ["AvccApp", "AvccWorker", "consumer_group_id", "create_app", "get_app"
 log = logging.getLogger(__name__)
 
 
+#: How often a worker flushes its tables' stores out of RocksDB's write-ahead log.
+TABLE_FLUSH_INTERVAL_S = 60.0
+
+
 def consumer_group_id(group: str) -> str:
     """Kafka consumer group (= faust App id) of an agent group."""
     return f"avcc-{group}"
@@ -180,7 +184,13 @@ def create_app(
     }
     app = AvccApp(app_id, **options)
     app.operator_guard = guard
-    app.table_recovery = TableRecovery(app, settings)
+    recovery = app.table_recovery = TableRecovery(app, settings)
+
+    async def flush_tables() -> None:
+        await asyncio.to_thread(recovery.flush)
+
+    # what a SIGKILL leaves in RocksDB's write-ahead log is at most this much of the tables' writes
+    app.timer(interval=TABLE_FLUSH_INTERVAL_S, name=f"{app_id}-flush-tables")(flush_tables)
     return app
 
 

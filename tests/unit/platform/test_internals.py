@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from faust.types import TP
+from rocksdict import Options, Rdict
 
 from app.platform.faust import internals
 
@@ -107,3 +108,22 @@ async def test_a_seek_runs_on_the_consumer_thread_where_aiokafka_reads_its_recor
     finally:
         thread.stop()
     assert sought == [(TP("topic.avcc.apply.created", 3), 26, thread.thread)]
+
+
+def test_a_store_without_its_partition_databases_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(internals.RocksDBStore, "__annotations__", {})
+    with pytest.raises(internals.ShapeChanged, match="_dbs"):
+        internals.check_shape()
+
+
+def test_flushing_a_store_moves_its_memtables_out_of_the_write_ahead_log(tmp_path: Path) -> None:
+    database = Rdict(str(tmp_path / "records-0.db"), Options(raw_mode=True))
+    try:
+        for index in range(1000):
+            database.put(f"key-{index}".encode(), b"x" * 100)
+        assert not list(tmp_path.glob("records-0.db/*.sst"))  # all of it in the memtable and WAL
+        table = SimpleNamespace(data=SimpleNamespace(_dbs={0: database}))
+        assert internals.flush_stores(table) == 1
+        assert list(tmp_path.glob("records-0.db/*.sst"))
+    finally:
+        database.close()
