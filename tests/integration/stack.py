@@ -53,8 +53,12 @@ class Stack:
         root: Path,
         env: Mapping[str, str] | None = None,
         group_env: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        static_membership: bool = False,
     ) -> None:
         self.bootstrap = bootstrap
+        #: Each worker a static group member named ``<group>-<index>``, as StatefulSet pods are.
+        self.static_membership = static_membership
         #: Settings of one group's workers on top of ``env`` (e.g. each group's own Kafka login).
         self.group_env = {group: dict(values) for group, values in (group_env or {}).items()}
         self.root = root
@@ -96,6 +100,8 @@ class Stack:
                 "AVCC_DATA_DIR": str(data),
                 "AVCC_WEB_HOST": host,
             }
+            if self.static_membership:
+                env["AVCC_KAFKA_GROUP_INSTANCE_ID"] = f"{group}-{index}"
             argv = [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)]
             self.ports[key] = port
             self.workers[key] = ManagedProcess(
@@ -277,12 +283,14 @@ def application(**overrides: Any) -> dict[str, Any]:
     return body
 
 
-async def record_when(stack: Stack, record_id: int, done: Any, wait_s: float = 60.0) -> dict[str, Any]:
-    """Poll ``GET /v1/avcc/records/{id}`` until ``done(record)``."""
+async def record_when(
+    stack: Stack, record_id: int, done: Any, wait_s: float = 60.0, index: int = 0
+) -> dict[str, Any]:
+    """Poll ``GET /v1/avcc/records/{id}`` (of code replica ``index``) until ``done(record)``."""
     deadline = time.monotonic() + wait_s
     last: Any = None
     while time.monotonic() < deadline:
-        status, last = await stack.call("code", "GET", f"/v1/avcc/records/{record_id}")
+        status, last = await stack.call("code", "GET", f"/v1/avcc/records/{record_id}", index=index)
         if status == 200 and done(last):
             return dict(last)
         await asyncio.sleep(0.2)
@@ -294,9 +302,12 @@ async def record_when(stack: Stack, record_id: int, done: Any, wait_s: float = 6
 EXPECTED_EVENTS = ["apply.created", "chain.tx.confirmed", "review.task.finished"]
 
 
-async def issued_exactly_once(stack: Stack, record_ids: list[int]) -> list[dict[str, Any]]:
-    """Every record issued once: each lifecycle event applied once, one distinct code each."""
-    records = [await record_when(stack, r, lambda x: x.get("avcc_code"), wait_s=120) for r in record_ids]
+async def issued_exactly_once(stack: Stack, record_ids: list[int], index: int = 0) -> list[dict[str, Any]]:
+    """Every record issued once (read from code replica ``index``): each lifecycle event applied
+    once, one distinct code each."""
+    records = [
+        await record_when(stack, r, lambda x: x.get("avcc_code"), wait_s=120, index=index) for r in record_ids
+    ]
     for record in records:
         events = sorted(h["event"] for h in record["history"])
         assert events == EXPECTED_EVENTS, f"record {record['avcc_record_id']} history {record['history']}"
