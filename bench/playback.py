@@ -12,8 +12,9 @@ against four baselines, all on the same generated data in one run.
 3. Measures, each in its own process so its CPU seconds are its own (``/proc`` for the gateway
    worker, ``time.process_time()`` inside the others, from the first event to the last):
 
-   a. ``gateway``  the real faust gateway worker: signed HTTP batches -> Kafka (the load
-                   generator is the parent process)
+   a. ``gateway``  the real gateway worker (``avcc worker gateway``, loaded once it reports
+                   ``/ready``): signed HTTP batches -> Kafka (the load generator is the parent
+                   process)
    b. ``sink``     the ClickHouse sink's batch loop (``app.playback.sink.runner.SinkRunner``)
    c. ``anomaly``  the anomaly detector's loop (``app.playback.anomaly.detector.AnomalyDetector``)
    d. ``faust``    baseline: a faust agent counting events one at a time (orjson decode);
@@ -41,7 +42,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
@@ -59,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.client import settled, signed_call  # noqa: E402
 from bench.data import code, user_hash  # noqa: E402
 
 KEY, SECRET = "bench", "bench-secret"
@@ -437,11 +439,10 @@ def component_main(args: argparse.Namespace) -> None:
 
 
 async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple[int, float, float]:
-    """POST every body (signed), resending refused items after Retry-After; returns
-    (accepted, first request time, last response time)."""
+    """POST every body (signed), sent again after a 503's wait (:func:`bench.client.settled`) and
+    resending the refused items of a 429 after its ``Retry-After``; returns (accepted, first
+    request time, last response time)."""
     import aiohttp
-
-    from app.platform.http.auth import sign_request
 
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     for body in bodies:
@@ -455,25 +456,24 @@ async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple
             body = queue.get_nowait()
             if not first:
                 first = time.perf_counter()
-            headers = sign_request("POST", ROUTE, body, KEY, SECRET)
-            headers["Content-Type"] = "application/json"
-            async with session.post(url + ROUTE, data=body, headers=headers) as response:
-                answer = orjson.loads(await response.read())
-                last = time.perf_counter()
-                if response.status == 202:
-                    accepted += answer["accepted"]
-                    if answer["rejected"]:
-                        raise RuntimeError(f"gateway rejected generated items: {answer['errors'][:3]}")
-                elif response.status == 429:
-                    accepted += answer.get("accepted", 0)
-                    items = orjson.loads(body)
-                    retry = [items[e["index"]] for e in answer.get("errors", [])] or items
-                    if "accepted" not in answer:
-                        retry = items
-                    queue.put_nowait(orjson.dumps(retry))
-                    await asyncio.sleep(float(response.headers.get("Retry-After", "1")) / 10)
-                else:
-                    raise RuntimeError(f"gateway answered {response.status}: {answer}")
+            send = partial(signed_call, session, url, "POST", ROUTE, body, KEY, SECRET, "application/json")
+            answer = await settled(send)
+            last = time.perf_counter()
+            reply = answer.body
+            if answer.status == 202:
+                accepted += reply["accepted"]
+                if reply["rejected"]:
+                    raise RuntimeError(f"gateway rejected generated items: {reply['errors'][:3]}")
+            elif answer.status == 429:
+                items = orjson.loads(body)
+                retry = items
+                if "accepted" in reply:
+                    accepted += reply["accepted"]
+                    retry = [items[e["index"]] for e in reply.get("errors", [])] or items
+                queue.put_nowait(orjson.dumps(retry))
+                await asyncio.sleep(answer.retry_after_s)
+            else:
+                raise RuntimeError(f"gateway answered {answer.status}: {reply}")
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -484,51 +484,50 @@ async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple
 def run_gateway(
     args: argparse.Namespace, items: list[dict[str, Any]], topic: str | None = None
 ) -> dict[str, Any]:
-    """One gateway run: ``items`` posted in signed batches, produced to ``topic`` (default: the bench's)."""
-    from app.servers import free_port, port_is_open
+    """One gateway run: ``items`` posted in signed batches, produced to ``topic`` (default: the
+    bench's), once the worker reports ``/ready`` (its nonce store read)."""
+    from app.servers import free_port
+    from app.servers.workers import group_worker
 
     port = free_port()
     env = {
         **os.environ,
         "AVCC_KAFKA_URL": f"kafka://{args.bootstrap}",
         "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
-        "AVCC_DATA_DIR": str(Path(args.workdir) / "gateway"),
         "AVCC_GATEWAY_TOPIC": topic or args.topic,
         "AVCC_GATEWAY_MAX_ITEMS": str(args.batch),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "AVCC_LOG_LEVEL": "WARNING",
     }
-    log = (Path(args.workdir) / "gateway-worker.log").open("wb")
-    argv = [sys.executable, "-m", "faust", "-A", "agents.gateway", "worker", "-l", "warn"]
-    argv += ["--web-host", "127.0.0.1", "--web-port", str(port)]
-    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    workdir = Path(args.workdir)
+    worker = group_worker(
+        "gateway",
+        port=port,
+        env=env,
+        data_dir=workdir / "gateway",
+        log_path=workdir / "gateway-worker.log",
+        cwd=ROOT,
+    )
+    worker.start()
     try:
-        deadline = time.monotonic() + 60
-        while not port_is_open("127.0.0.1", port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway worker did not start; see {log.name}")
-            time.sleep(0.1)
+        pid = worker.pid
+        assert pid is not None
         url = f"http://127.0.0.1:{port}"
         # warm-up: first request builds the producer and connects to the broker
         warm, _, _ = asyncio.run(post_batches(url, [orjson.dumps(items[:10])], 1))
         rest = items[10:]
         bodies = [orjson.dumps(rest[i : i + args.batch]) for i in range(0, len(rest), args.batch)]
-        cpu0 = proc_cpu_s(process.pid)
+        cpu0 = proc_cpu_s(pid)
         accepted, first, last = asyncio.run(post_batches(url, bodies, args.concurrency))
         # let the producer thread deliver what it queued (its CPU counts too)
-        cpu1, previous = proc_cpu_s(process.pid), -1.0
+        cpu1, previous = proc_cpu_s(pid), -1.0
         for _ in range(40):
             time.sleep(0.25)
-            previous, cpu1 = cpu1, proc_cpu_s(process.pid)
+            previous, cpu1 = cpu1, proc_cpu_s(pid)
             if cpu1 - previous < 0.01:
                 break
         return result("gateway", accepted, last - first, previous - cpu0, warmup_events=warm)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        worker.stop()
 
 
 def spawn_component(args: argparse.Namespace, name: str) -> dict[str, Any]:
