@@ -214,15 +214,12 @@ def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
 def run_faust(args: argparse.Namespace) -> dict[str, Any]:
     import faust
 
-    from app.platform.faust import (
-        transport,  # the project's aiokafka transport, as the workers use it
-    )
     from app.servers import free_port
 
     u = uuid.uuid4().hex[:8]
     app = faust.App(
         f"bench-faust-{u}",
-        broker=f"{transport.SCHEME}://{args.bootstrap}",
+        broker=f"kafka://{args.bootstrap}",  # faust's own aiokafka transport, as the workers use it
         store="memory://",
         key_serializer="raw",
         value_serializer="raw",
