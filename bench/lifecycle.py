@@ -50,6 +50,7 @@ from bench.bulk import bulk_import_figure
 from bench.client import settled, signed_call
 from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
+from bench.figures import is_ok, measure, print_figures
 from bench.profiles import summarize
 
 GROUPS = ("code", "review", "chain", "settlement")
@@ -60,9 +61,29 @@ KNEE_P99_MS = 1000.0
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
+    """Nearest-rank percentile of a non-empty list."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def latency_figure(name: str, latencies: Callable[[], list[float]]) -> dict[str, Any]:
+    """The figure ``name`` of the latencies (ms) ``latencies()`` measures: p50, p99 and mean;
+    failed when it raised or measured none."""
+
+    def figure() -> dict[str, Any]:
+        values = latencies()
+        if not values:
+            raise ValueError("no latency measured")
+        return {
+            "name": name,
+            "n": len(values),
+            "p50_ms": round(percentile(values, 50), 2),
+            "p99_ms": round(percentile(values, 99), 2),
+            "mean_ms": round(statistics.fmean(values), 2),
+            "block_interval_ms": 100,
+        }
+
+    return measure(name, figure)
 
 
 def broker_round_trip(bootstrap: str, samples: int = 200) -> list[float]:
@@ -334,12 +355,13 @@ def main() -> int:
         ]
         start_together(workers)
 
-        rtt = broker_round_trip(bootstrap)
-        asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", 20, 20))  # warm-up
-        latencies = asyncio.run(
-            run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate)
-        )
         base = f"http://127.0.0.1:{ports['code']}"
+        rtt = latency_figure("broker_round_trip", lambda: broker_round_trip(bootstrap))
+        asyncio.run(run_applications(base, 20, 20))  # warm-up
+        issued = latency_figure(
+            "apply_to_code_issued_o_level",
+            lambda: asyncio.run(run_applications(base, args.applications, args.rate)),
+        )
         cpu = None
         if args.cpu_rate > 0:
             pids = {worker.name: worker.pid for worker in workers if worker.pid is not None}
@@ -349,37 +371,24 @@ def main() -> int:
             pids["load generator"] = os.getpid()
             profiles = {w.name: w.pid for w in workers if w.pid is not None} if args.py_spy else {}
             with py_spy(profiles, args.py_spy, args.cpu_seconds):
-                cpu = cpu_profile(base, pids, args.cpu_rate, args.cpu_seconds)
+                cpu = measure(
+                    "cpu_per_application", lambda: cpu_profile(base, pids, args.cpu_rate, args.cpu_seconds)
+                )
             print_stages(base)
         rates = [float(r) for r in args.knee_rates.split(",") if r.strip()]
-        knee = find_knee(base, rates, args.knee_seconds) if rates else None
-        bulk = bulk_import_figure(base, args.bulk, work, KEY, SECRET) if args.bulk > 0 else None
-        figures = [
-            ("broker_round_trip", rtt),
-            ("apply_to_code_issued_o_level", latencies),
-        ]
+        knee = bulk = None
+        if rates:
+            knee = measure("lifecycle_max_rate", lambda: find_knee(base, rates, args.knee_seconds))
+        if args.bulk > 0:
+            bulk = measure("bulk_import", lambda: bulk_import_figure(base, args.bulk, work, KEY, SECRET))
         print(f"\n{'figure':34} {'n':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
-        for name, values in figures:
-            print(
-                f"{name:34} {len(values):>6} {percentile(values, 50):>9.1f} {percentile(values, 99):>9.1f} "
-                f"{statistics.fmean(values):>9.1f}"
-            )
-        for name, values in figures:
-            print(
-                json.dumps(
-                    {
-                        "name": name,
-                        "n": len(values),
-                        "p50_ms": round(percentile(values, 50), 2),
-                        "p99_ms": round(percentile(values, 99), 2),
-                        "block_interval_ms": 100,
-                    }
+        for figure in (rtt, issued):
+            if is_ok(figure):
+                print(
+                    f"{figure['name']:34} {figure['n']:>6} {figure['p50_ms']:>9.1f} {figure['p99_ms']:>9.1f} "
+                    f"{figure['mean_ms']:>9.1f}"
                 )
-            )
-        for extra in (knee, bulk, cpu):
-            if extra is not None:
-                print(json.dumps(extra))
-        return 0
+        return print_figures(f for f in (rtt, issued, knee, bulk, cpu) if f is not None)
     finally:
         for worker in workers:
             worker.stop()
