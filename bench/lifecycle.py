@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -316,6 +317,7 @@ def main() -> int:
         metavar="AVCC_NAME=VALUE",
         help="a setting for every worker (repeatable), to compare configurations",
     )
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, broker data)")
     args = parser.parse_args()
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
 
@@ -394,6 +396,10 @@ def main() -> int:
             worker.stop()
         if broker is not None:
             broker.stop()
+        if args.keep:
+            print(f"# logs in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
