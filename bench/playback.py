@@ -692,7 +692,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         results = with_ratios(results + [median_run(name, each) for name, each in runs.items()])
         print(table(results))
         status = print_figures(results)
-        print(f"# total {time.monotonic() - started:.0f} s; logs in {workdir}", file=sys.stderr)
+        kept = f"; logs in {workdir}" if args.keep else ""
+        print(f"# total {time.monotonic() - started:.0f} s{kept}", file=sys.stderr)
         return status
     finally:
         if broker is not None:
