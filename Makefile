@@ -3,7 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install venv run lint typecheck contracts test unit integration fuzz bench clean
+# The benches, one a line: its module and arguments, for `make bench` (full size) and for
+# `make bench-smoke` (small data, each well under a minute: run by `make test`).
+BENCH = \
+	'bench.playback --repeat 3' \
+	'bench.lifecycle'
+BENCH_SMOKE = \
+	'bench.playback --events 3000 --faust-events 1000 --timeout 60' \
+	'bench.lifecycle --applications 20 --knee-rates 20 --knee-seconds 1 --bulk 100 --cpu-rate 20 --cpu-seconds 1'
+#: Seconds one smoke bench may take before it counts as failed (it is stopped).
+BENCH_SMOKE_TIMEOUT ?= 240
+
+.PHONY: help install venv run lint typecheck contracts test unit integration fuzz bench bench-smoke clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -39,17 +50,22 @@ unit:  ## unit tests only, in random order
 integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache), in random order
 	$(PY) -m pytest tests/integration -q -p randomly --durations=40 $(PYTEST_ARGS)
 
-test: install lint typecheck contracts  ## the full suite: lint, types, unit tests first, then integration on real servers
+# The bench smoke runs between the unit and the integration tests: a broken bench fails the
+# build in about two minutes, before the long integration run.
+test: install lint typecheck contracts  ## the full suite: lint, types, unit tests, bench smoke, then integration on real servers
 	$(PY) -m pytest tests/unit -q -p randomly $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory bench-smoke
 	$(PY) -m pytest tests/integration -q -p randomly --durations=40 $(PYTEST_ARGS)
 
 fuzz:  ## exploratory API fuzzing (not in `make test`): a new seed each run, 10x the cases
 	AVCC_FUZZ_EXPLORE=1 AVCC_FUZZ_EXAMPLES_SCALE=$${AVCC_FUZZ_EXAMPLES_SCALE:-10} \
 		$(PY) -m pytest tests/integration/test_api_fuzz.py -q -p no:randomly --timeout 7200 $(PYTEST_ARGS)
 
-bench:  ## benchmarks (printed, never asserted)
-	$(PY) -m bench.playback --repeat 3
-	$(PY) -m bench.lifecycle
+bench: install  ## benchmarks (printed, never asserted), each run appended to bench/RESULTS.md
+	$(PY) -m bench.results --record bench/RESULTS.md $(BENCH)
+
+bench-smoke: install  ## every bench on small data: fails when one does not produce all its figures
+	$(PY) -m bench.results --timeout $(BENCH_SMOKE_TIMEOUT) $(BENCH_SMOKE)
 
 clean:  ## remove local state
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +40,18 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.platform.http.auth import sign_request
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
 from app.servers.kafka import KafkaKRaftBroker
-from app.servers.process import ManagedProcess, free_port
+from app.servers.process import ManagedProcess, free_port, start_together
+from app.servers.workers import group_worker
 from bench.bulk import bulk_import_figure
+from bench.client import settled, signed_call
 from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
+from bench.figures import is_ok, measure, print_figures
 from bench.profiles import summarize
 
 GROUPS = ("code", "review", "chain", "settlement")
@@ -58,9 +62,29 @@ KNEE_P99_MS = 1000.0
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
+    """Nearest-rank percentile of a non-empty list."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def latency_figure(name: str, latencies: Callable[[], list[float]]) -> dict[str, Any]:
+    """The figure ``name`` of the latencies (ms) ``latencies()`` measures: p50, p99 and mean;
+    failed when it raised or measured none."""
+
+    def figure() -> dict[str, Any]:
+        values = latencies()
+        if not values:
+            raise ValueError("no latency measured")
+        return {
+            "name": name,
+            "n": len(values),
+            "p50_ms": round(percentile(values, 50), 2),
+            "p99_ms": round(percentile(values, 99), 2),
+            "mean_ms": round(statistics.fmean(values), 2),
+            "block_interval_ms": 100,
+        }
+
+    return measure(name, figure)
 
 
 def broker_round_trip(bootstrap: str, samples: int = 200) -> list[float]:
@@ -94,11 +118,6 @@ def broker_round_trip(bootstrap: str, samples: int = 200) -> list[float]:
     return latencies
 
 
-def _ready(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
-        return bool(response.status == 200)
-
-
 #: Time (ms) from each application's request to its 202 answer, of the latest run.
 ANSWERED_MS: list[float] = []
 
@@ -117,14 +136,12 @@ async def run_applications(
         async def apply_one() -> None:
             body = orjson.dumps(o_level_application())
             started_ms = time.time() * 1000
-            async with session.post(
-                base + path, data=body, headers=sign_request("POST", path, body, KEY, SECRET)
-            ) as r:
-                answer = await r.json()
-                if r.status != 202:
-                    raise RuntimeError(f"apply failed: {r.status} {answer}")
-                sent[answer["avcc_record_id"]] = started_ms
-                ANSWERED_MS.append(time.time() * 1000 - started_ms)
+            # a 503 (e.g. "claim not answered") is sent again, same request_id, once its wait is over
+            answer = await settled(partial(signed_call, session, base, "POST", path, body, KEY, SECRET))
+            if answer.status != 202:
+                raise RuntimeError(f"apply failed: {answer.status} {answer.body}")
+            sent[answer.body["avcc_record_id"]] = started_ms
+            ANSWERED_MS.append(time.time() * 1000 - started_ms)
 
         tasks = []
         loop = asyncio.get_running_loop()
@@ -142,11 +159,10 @@ async def run_applications(
         while pending and time.monotonic() < deadline:
             for record_id, started_ms in list(pending.items()):
                 p = f"/v1/avcc/records/{record_id}"
-                async with session.get(base + p, headers=sign_request("GET", p, b"", KEY, SECRET)) as r:
-                    if r.status != 200:
-                        continue
-                    record = await r.json()
-                issued = [h["at_ms"] for h in record["history"] if h["status"] == "issued"]
+                answer = await settled(partial(signed_call, session, base, "GET", p, b"", KEY, SECRET))
+                if answer.status != 200:
+                    continue
+                issued = [h["at_ms"] for h in answer.body["history"] if h["status"] == "issued"]
                 if issued:
                     latencies.append(issued[0] - started_ms)
                     del pending[record_id]
@@ -162,7 +178,7 @@ def knee_step(base: str, rate: float, seconds: float) -> tuple[list[float], bool
     count = max(1, round(rate * seconds))
     try:
         latencies = asyncio.run(run_applications(base, count, rate))
-    except RuntimeError as exc:  # e.g. 503 claim timed out: past the knee
+    except RuntimeError as exc:  # e.g. still refused after a minute of 503s: past the knee
         print(f"rate {rate:g}/s: {exc}", file=sys.stderr)
         return [], False
     held = len(latencies) == count and percentile(latencies, 99) < KNEE_P99_MS
@@ -301,6 +317,7 @@ def main() -> int:
         metavar="AVCC_NAME=VALUE",
         help="a setting for every worker (repeatable), to compare configurations",
     )
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, broker data)")
     args = parser.parse_args()
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
 
@@ -326,30 +343,27 @@ def main() -> int:
             "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
             **worker_env,
         }
-        ports = {}
-        for group in GROUPS:
-            port = ports[group] = free_port()
-            worker = ManagedProcess(
+        ports = {group: free_port() for group in GROUPS}
+        workers = [
+            group_worker(
                 group,
-                [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)],
+                port=ports[group],
+                env=env,
+                data_dir=work / group,
                 log_path=work / f"{group}.log",
                 cwd=ROOT,
-                env={**env, "AVCC_DATA_DIR": str(work / group)},
-                ready=lambda p=port: _ready(p),
-                ready_timeout=120,
-                die_with_parent=True,
             )
-            worker.start(wait=False)
-            workers.append(worker)
-        for worker in workers:
-            worker.wait_ready()
+            for group in GROUPS
+        ]
+        start_together(workers)
 
-        rtt = broker_round_trip(bootstrap)
-        asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", 20, 20))  # warm-up
-        latencies = asyncio.run(
-            run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate)
-        )
         base = f"http://127.0.0.1:{ports['code']}"
+        rtt = latency_figure("broker_round_trip", lambda: broker_round_trip(bootstrap))
+        asyncio.run(run_applications(base, 20, 20))  # warm-up
+        issued = latency_figure(
+            "apply_to_code_issued_o_level",
+            lambda: asyncio.run(run_applications(base, args.applications, args.rate)),
+        )
         cpu = None
         if args.cpu_rate > 0:
             pids = {worker.name: worker.pid for worker in workers if worker.pid is not None}
@@ -359,42 +373,33 @@ def main() -> int:
             pids["load generator"] = os.getpid()
             profiles = {w.name: w.pid for w in workers if w.pid is not None} if args.py_spy else {}
             with py_spy(profiles, args.py_spy, args.cpu_seconds):
-                cpu = cpu_profile(base, pids, args.cpu_rate, args.cpu_seconds)
+                cpu = measure(
+                    "cpu_per_application", lambda: cpu_profile(base, pids, args.cpu_rate, args.cpu_seconds)
+                )
             print_stages(base)
         rates = [float(r) for r in args.knee_rates.split(",") if r.strip()]
-        knee = find_knee(base, rates, args.knee_seconds) if rates else None
-        bulk = bulk_import_figure(base, args.bulk, work, KEY, SECRET) if args.bulk > 0 else None
-        figures = [
-            ("broker_round_trip", rtt),
-            ("apply_to_code_issued_o_level", latencies),
-        ]
+        knee = bulk = None
+        if rates:
+            knee = measure("lifecycle_max_rate", lambda: find_knee(base, rates, args.knee_seconds))
+        if args.bulk > 0:
+            bulk = measure("bulk_import", lambda: bulk_import_figure(base, args.bulk, work, KEY, SECRET))
         print(f"\n{'figure':34} {'n':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
-        for name, values in figures:
-            print(
-                f"{name:34} {len(values):>6} {percentile(values, 50):>9.1f} {percentile(values, 99):>9.1f} "
-                f"{statistics.fmean(values):>9.1f}"
-            )
-        for name, values in figures:
-            print(
-                json.dumps(
-                    {
-                        "name": name,
-                        "n": len(values),
-                        "p50_ms": round(percentile(values, 50), 2),
-                        "p99_ms": round(percentile(values, 99), 2),
-                        "block_interval_ms": 100,
-                    }
+        for figure in (rtt, issued):
+            if is_ok(figure):
+                print(
+                    f"{figure['name']:34} {figure['n']:>6} {figure['p50_ms']:>9.1f} {figure['p99_ms']:>9.1f} "
+                    f"{figure['mean_ms']:>9.1f}"
                 )
-            )
-        for extra in (knee, bulk, cpu):
-            if extra is not None:
-                print(json.dumps(extra))
-        return 0
+        return print_figures(f for f in (rtt, issued, knee, bulk, cpu) if f is not None)
     finally:
         for worker in workers:
             worker.stop()
         if broker is not None:
             broker.stop()
+        if args.keep:
+            print(f"# logs in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ against four baselines, all on the same generated data in one run.
 3. Measures, each in its own process so its CPU seconds are its own (``/proc`` for the gateway
    worker, ``time.process_time()`` inside the others, from the first event to the last):
 
-   a. ``gateway``  the real faust gateway worker: signed HTTP batches -> Kafka (the load
-                   generator is the parent process)
+   a. ``gateway``  the real gateway worker (``avcc worker gateway``, loaded once it reports
+                   ``/ready``): signed HTTP batches -> Kafka (the load generator is the parent
+                   process)
    b. ``sink``     the ClickHouse sink's batch loop (``app.playback.sink.runner.SinkRunner``)
    c. ``anomaly``  the anomaly detector's loop (``app.playback.anomaly.detector.AnomalyDetector``)
    d. ``faust``    baseline: a faust agent counting events one at a time (orjson decode);
@@ -29,8 +30,11 @@ against four baselines, all on the same generated data in one run.
 4. With ``--repeat N``, runs (b)-(g) N times in turns and keeps each one's median run; the
    gateway too runs N times (the first fills the topic, the others a scratch topic each).
 5. Prints a table (with each figure's ratio to the baselines) and one JSON line per figure:
-   ``{"name", "events", "wall_s", "cpu_s", "events_per_s", "events_per_cpu_s"}`` (plus
-   ``runs_events_per_cpu_s``, every run's figure, when repeated).
+   ``{"name", "status": "ok", "events", "wall_s", "cpu_s", "events_per_s", "events_per_cpu_s",
+   "x_baselines"}`` (plus ``runs_events_per_cpu_s``, every run's figure, when repeated). A
+   component that cannot be measured (the Quix baseline without ``quixstreams``, a crash, a
+   timeout) is the line ``{"name", "status": "failed", "reason"}`` and the others still print;
+   the bench then exits 1.
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
@@ -59,7 +63,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.client import settled, signed_call  # noqa: E402
 from bench.data import code, user_hash  # noqa: E402
+from bench.figures import OK, MissingPackage, failed, is_ok, measure, print_figures  # noqa: E402
 
 KEY, SECRET = "bench", "bench-secret"
 ROUTE = "/v1/playback/events"
@@ -97,9 +103,10 @@ def generate(events: int, seed: int = 42) -> list[dict[str, Any]]:
 
 
 def result(name: str, events: int, wall_s: float, cpu_s: float, **extra: Any) -> dict[str, Any]:
-    """One figure."""
+    """One measured figure."""
     return {
         "name": name,
+        "status": OK,
         "events": events,
         "wall_s": round(wall_s, 3),
         "cpu_s": round(cpu_s, 3),
@@ -212,15 +219,12 @@ def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
 def run_faust(args: argparse.Namespace) -> dict[str, Any]:
     import faust
 
-    from app.platform.faust import (
-        transport,  # the project's aiokafka transport, as the workers use it
-    )
     from app.servers import free_port
 
     u = uuid.uuid4().hex[:8]
     app = faust.App(
         f"bench-faust-{u}",
-        broker=f"{transport.SCHEME}://{args.bootstrap}",
+        broker=f"kafka://{args.bootstrap}",  # faust's own aiokafka transport, as the workers use it
         store="memory://",
         key_serializer="raw",
         value_serializer="raw",
@@ -254,7 +258,10 @@ def run_faust(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_quix(args: argparse.Namespace) -> dict[str, Any]:
-    from quixstreams import Application
+    try:
+        from quixstreams import Application
+    except ImportError as exc:
+        raise MissingPackage("quixstreams") from exc
 
     u = uuid.uuid4().hex[:8]
     app = Application(
@@ -429,19 +436,21 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 }
 
 
-def component_main(args: argparse.Namespace) -> None:
-    emit(RUNNERS[args.component](args))
+def component_main(args: argparse.Namespace) -> int:
+    """Measure one component in this process; its figure (ok or failed) on stdout."""
+    figure = measure(args.component, lambda: RUNNERS[args.component](args))
+    emit(figure)
+    return 0 if is_ok(figure) else 1
 
 
 # --- the gateway (a real faust worker) and its HTTP load --------------------------------------
 
 
 async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple[int, float, float]:
-    """POST every body (signed), resending refused items after Retry-After; returns
-    (accepted, first request time, last response time)."""
+    """POST every body (signed), sent again after a 503's wait (:func:`bench.client.settled`) and
+    resending the refused items of a 429 after its ``Retry-After``; returns (accepted, first
+    request time, last response time)."""
     import aiohttp
-
-    from app.platform.http.auth import sign_request
 
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     for body in bodies:
@@ -455,25 +464,24 @@ async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple
             body = queue.get_nowait()
             if not first:
                 first = time.perf_counter()
-            headers = sign_request("POST", ROUTE, body, KEY, SECRET)
-            headers["Content-Type"] = "application/json"
-            async with session.post(url + ROUTE, data=body, headers=headers) as response:
-                answer = orjson.loads(await response.read())
-                last = time.perf_counter()
-                if response.status == 202:
-                    accepted += answer["accepted"]
-                    if answer["rejected"]:
-                        raise RuntimeError(f"gateway rejected generated items: {answer['errors'][:3]}")
-                elif response.status == 429:
-                    accepted += answer.get("accepted", 0)
-                    items = orjson.loads(body)
-                    retry = [items[e["index"]] for e in answer.get("errors", [])] or items
-                    if "accepted" not in answer:
-                        retry = items
-                    queue.put_nowait(orjson.dumps(retry))
-                    await asyncio.sleep(float(response.headers.get("Retry-After", "1")) / 10)
-                else:
-                    raise RuntimeError(f"gateway answered {response.status}: {answer}")
+            send = partial(signed_call, session, url, "POST", ROUTE, body, KEY, SECRET, "application/json")
+            answer = await settled(send)
+            last = time.perf_counter()
+            reply = answer.body
+            if answer.status == 202:
+                accepted += reply["accepted"]
+                if reply["rejected"]:
+                    raise RuntimeError(f"gateway rejected generated items: {reply['errors'][:3]}")
+            elif answer.status == 429:
+                items = orjson.loads(body)
+                retry = items
+                if "accepted" in reply:
+                    accepted += reply["accepted"]
+                    retry = [items[e["index"]] for e in reply.get("errors", [])] or items
+                queue.put_nowait(orjson.dumps(retry))
+                await asyncio.sleep(answer.retry_after_s)
+            else:
+                raise RuntimeError(f"gateway answered {answer.status}: {reply}")
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -484,54 +492,55 @@ async def post_batches(url: str, bodies: list[bytes], concurrency: int) -> tuple
 def run_gateway(
     args: argparse.Namespace, items: list[dict[str, Any]], topic: str | None = None
 ) -> dict[str, Any]:
-    """One gateway run: ``items`` posted in signed batches, produced to ``topic`` (default: the bench's)."""
-    from app.servers import free_port, port_is_open
+    """One gateway run: ``items`` posted in signed batches, produced to ``topic`` (default: the
+    bench's), once the worker reports ``/ready`` (its nonce store read)."""
+    from app.servers import free_port
+    from app.servers.workers import group_worker
 
     port = free_port()
     env = {
         **os.environ,
         "AVCC_KAFKA_URL": f"kafka://{args.bootstrap}",
         "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
-        "AVCC_DATA_DIR": str(Path(args.workdir) / "gateway"),
         "AVCC_GATEWAY_TOPIC": topic or args.topic,
         "AVCC_GATEWAY_MAX_ITEMS": str(args.batch),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "AVCC_LOG_LEVEL": "WARNING",
     }
-    log = (Path(args.workdir) / "gateway-worker.log").open("wb")
-    argv = [sys.executable, "-m", "faust", "-A", "agents.gateway", "worker", "-l", "warn"]
-    argv += ["--web-host", "127.0.0.1", "--web-port", str(port)]
-    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    workdir = Path(args.workdir)
+    worker = group_worker(
+        "gateway",
+        port=port,
+        env=env,
+        data_dir=workdir / "gateway",
+        log_path=workdir / "gateway-worker.log",
+        cwd=ROOT,
+    )
+    worker.start()
     try:
-        deadline = time.monotonic() + 60
-        while not port_is_open("127.0.0.1", port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway worker did not start; see {log.name}")
-            time.sleep(0.1)
+        pid = worker.pid
+        assert pid is not None
         url = f"http://127.0.0.1:{port}"
         # warm-up: first request builds the producer and connects to the broker
         warm, _, _ = asyncio.run(post_batches(url, [orjson.dumps(items[:10])], 1))
         rest = items[10:]
         bodies = [orjson.dumps(rest[i : i + args.batch]) for i in range(0, len(rest), args.batch)]
-        cpu0 = proc_cpu_s(process.pid)
+        cpu0 = proc_cpu_s(pid)
         accepted, first, last = asyncio.run(post_batches(url, bodies, args.concurrency))
         # let the producer thread deliver what it queued (its CPU counts too)
-        cpu1, previous = proc_cpu_s(process.pid), -1.0
+        cpu1, previous = proc_cpu_s(pid), -1.0
         for _ in range(40):
             time.sleep(0.25)
-            previous, cpu1 = cpu1, proc_cpu_s(process.pid)
+            previous, cpu1 = cpu1, proc_cpu_s(pid)
             if cpu1 - previous < 0.01:
                 break
         return result("gateway", accepted, last - first, previous - cpu0, warmup_events=warm)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        worker.stop()
 
 
 def spawn_component(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """Measure component ``name`` in a process of its own; its figure, failed when the process
+    timed out or ended without one."""
     events = min(args.events, args.faust_events) if name == "faust" else args.events
     argv = [sys.executable, "-m", "bench.playback", "--component", name, "--bootstrap", args.bootstrap]
     argv += ["--events", str(events), "--workdir", args.workdir, "--topic", args.topic]
@@ -541,16 +550,21 @@ def spawn_component(args: argparse.Namespace, name: str) -> dict[str, Any]:
         argv += ["--clickhouse-url", args.clickhouse_url]
     log_path = Path(args.workdir) / f"{name}.log"
     with log_path.open("wb") as log:
-        done = subprocess.run(
-            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, timeout=args.timeout + 60, check=False
-        )
+        try:
+            done = subprocess.run(
+                argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, timeout=args.timeout + 60, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return failed(name, f"no figure within {args.timeout + 60:.0f} s")
     # (faust's spinner may put terminal escapes before the line)
     output = done.stdout.decode().splitlines()
     lines = [line.split(RESULT_PREFIX, 1)[1] for line in output if RESULT_PREFIX in line]
-    if not lines:
-        tail = log_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{name} exited {done.returncode} without a result:\n{tail}")
-    return dict(json.loads(lines[-1]))
+    if lines:
+        return dict(json.loads(lines[-1]))
+    tail = log_path.read_text(errors="replace").strip()
+    print(f"# {name} exited {done.returncode} without a figure:\n{tail[-2000:]}", file=sys.stderr)
+    last = tail.splitlines()[-1] if tail else "no output"
+    return failed(name, f"exited {done.returncode} without a figure: {last}")
 
 
 # --- orchestration ----------------------------------------------------------------------------
@@ -566,31 +580,52 @@ def create_topics(bootstrap: str, partitions: dict[str, int]) -> None:
         future.result(timeout=30)
 
 
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median events per CPU second (the lower middle one of an even count),
-    with every run's figure beside it: one run's ratio moves by +-10 % on this box (chDB's
-    background merges land in one window or the next), the median of a few far less."""
-    ordered = sorted(runs, key=lambda r: r["events_per_cpu_s"] or 0)
+def median_run(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The measured run of ``name`` with the median events per CPU second (the lower middle one
+    of an even count), with every measured run's figure beside it (and how many failed): one
+    run's ratio moves by +-10 % on this box (chDB's background merges land in one window or the
+    next), the median of a few far less. With no measured run, the last failure (or a failed
+    figure saying there was no run)."""
+    measured = [r for r in runs if is_ok(r)]
+    if not measured:
+        return runs[-1] if runs else failed(name, "not run")
+    ordered = sorted(measured, key=lambda r: r["events_per_cpu_s"] or 0)
     chosen = dict(ordered[(len(ordered) - 1) // 2])
     if len(runs) > 1:
-        chosen["runs_events_per_cpu_s"] = [r["events_per_cpu_s"] for r in runs]
+        chosen["runs_events_per_cpu_s"] = [r["events_per_cpu_s"] for r in measured]
+    if len(measured) < len(runs):
+        chosen["failed_runs"] = len(runs) - len(measured)
     return chosen
 
 
+def with_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each measured figure with ``x_baselines``: its events per CPU second over each measured
+    baseline's (``raw``: 0.69 is 69 % of the bare client loop's)."""
+    base = {r["name"]: r["events_per_cpu_s"] for r in results if r["name"] in BASELINES and is_ok(r)}
+    out = []
+    for r in results:
+        mine = r.get("events_per_cpu_s")
+        ratios = {b: round(mine / v, 2) for b, v in base.items() if b != r["name"] and mine and v}
+        out.append({**r, "x_baselines": ratios} if ratios else r)
+    return out
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    base = {r["name"]: r["events_per_cpu_s"] for r in results if r["name"] in BASELINES}
+    """The figures as a text table, each measured one with its ratio to every measured baseline."""
+    base = [b for b in BASELINES if any(r["name"] == b and is_ok(r) for r in results)]
     header = f"{'component':<9} {'events':>8} {'wall s':>7} {'cpu s':>7} {'ev/s':>8} {'ev/cpu-s':>9}"
-    header += "".join(f" {'x ' + b:>8}" for b in BASELINES if b in base)
+    header += "".join(f" {'x ' + b:>8}" for b in base)
     lines = [header, "-" * len(header)]
     for r in results:
+        if not is_ok(r):
+            lines.append(f"{r['name']:<9} failed: {r['reason']}")
+            continue
         line = (
             f"{r['name']:<9} {r['events']:>8} {r['wall_s']:>7.2f} {r['cpu_s']:>7.2f} "
             f"{r['events_per_s'] or 0:>8} {r['events_per_cpu_s'] or 0:>9}"
         )
-        for b in BASELINES:
-            if b in base:
-                ratio = (r["events_per_cpu_s"] or 0) / base[b] if base[b] else 0.0
-                line += f" {ratio:>8.2f}"
+        ratios = r.get("x_baselines", {})
+        line += "".join(f" {ratios.get(b, 1.0 if b == r['name'] else 0.0):>8.2f}" for b in base)
         lines.append(line)
     return "\n".join(lines)
 
@@ -632,16 +667,19 @@ def orchestrate(args: argparse.Namespace) -> int:
         )
         items = generate(args.events)
         results: list[dict[str, Any]] = []
+        filled = False
         if "gateway" in selected:
-            gateway_runs = [run_gateway(args, items)]
-            args.events = gateway_runs[0]["events"] + gateway_runs[0].get("warmup_events", 0)
+            gateway_runs = [measure("gateway", partial(run_gateway, args, items))]
+            filled = is_ok(gateway_runs[0])
+            if filled:
+                args.events = gateway_runs[0]["events"] + gateway_runs[0].get("warmup_events", 0)
             for round_ in range(2, args.repeat + 1):
                 print(f"# running gateway ({round_}/{args.repeat}) into a scratch topic ...", file=sys.stderr)
                 scratch = f"{args.topic}-gateway-{round_}"
                 create_topics(args.bootstrap, {scratch: PLAYBACK_EVENT.partitions})
-                gateway_runs.append(run_gateway(args, items, scratch))
-            results.append(median_run(gateway_runs))
-        else:
+                gateway_runs.append(measure("gateway", partial(run_gateway, args, items, scratch)))
+            results.append(median_run("gateway", gateway_runs))
+        if not filled:  # no gateway run filled the topic: the same events produced straight to it
             fill_topic(args, items)
         print(f"# {args.events} events on {args.topic}", file=sys.stderr)
         runs: dict[str, list[dict[str, Any]]] = {}
@@ -650,16 +688,13 @@ def orchestrate(args: argparse.Namespace) -> int:
                 if name == "gateway":
                     continue
                 print(f"# running {name} ({round_}/{args.repeat}) ...", file=sys.stderr)
-                try:
-                    runs.setdefault(name, []).append(spawn_component(args, name))
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    print(f"# {name} failed: {exc}", file=sys.stderr)
-        results.extend(median_run(each) for each in runs.values())
+                runs.setdefault(name, []).append(spawn_component(args, name))
+        results = with_ratios(results + [median_run(name, each) for name, each in runs.items()])
         print(table(results))
-        for r in results:
-            print(json.dumps(r))
-        print(f"# total {time.monotonic() - started:.0f} s; logs in {workdir}", file=sys.stderr)
-        return 0
+        status = print_figures(results)
+        kept = f"; logs in {workdir}" if args.keep else ""
+        print(f"# total {time.monotonic() - started:.0f} s{kept}", file=sys.stderr)
+        return status
     finally:
         if broker is not None:
             broker.stop()
@@ -718,8 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dlq-topic", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.component:
-        component_main(args)
-        return 0
+        return component_main(args)
     return orchestrate(args)
 
 

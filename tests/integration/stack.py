@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,7 +19,9 @@ import orjson
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.http.auth import sign_request
-from app.servers.process import ManagedProcess, free_port, stop_together
+from app.servers.process import ManagedProcess, free_port, start_together, stop_together
+from app.servers.workers import group_worker, worker_ready
+from bench.client import Answer, call, settled
 from bench.data import o_level_application
 
 __all__ = [
@@ -92,28 +93,18 @@ class Stack:
         if key not in self.workers:
             # every replica of a group listens on the same port, each on its own address (pods)
             port = next((p for (g, _), p in self.ports.items() if g == group), None) or free_port()
-            host = self.host(index)
-            data = self.root / f"{group}-{index}"
-            env = {
-                **self.env,
-                **self.group_env.get(group, {}),
-                "AVCC_DATA_DIR": str(data),
-                "AVCC_WEB_HOST": host,
-            }
-            if self.static_membership:
-                env["AVCC_KAFKA_GROUP_INSTANCE_ID"] = f"{group}-{index}"
-            argv = [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)]
+            member = {"AVCC_KAFKA_GROUP_INSTANCE_ID": f"{group}-{index}"} if self.static_membership else {}
             self.ports[key] = port
-            self.workers[key] = ManagedProcess(
-                f"{group}-{index}",
-                argv,
+            self.workers[key] = group_worker(
+                group,
+                port=port,
+                env={**self.env, **self.group_env.get(group, {}), **member},
+                data_dir=self.root / f"{group}-{index}",
                 log_path=self.root / f"{group}-{index}.log",
+                host=self.host(index),
+                name=f"{group}-{index}",
                 cwd=ROOT,
-                env=env,
-                ready=lambda h=host, p=port: _ready(h, p),
-                ready_timeout=120.0,
                 stop_timeout=30.0,
-                die_with_parent=True,
             )
         return self.workers[key]
 
@@ -121,11 +112,8 @@ class Stack:
         """Start workers ``index`` .. ``index + replicas - 1`` of each group together and wait
         until each reports ``/ready``."""
         keys = [(group, i) for group in groups for i in range(index, index + replicas)]
-        for group, i in keys:
-            self.stopped.discard((group, i))
-            self.worker(group, i).start(wait=False)
-        for group, i in keys:
-            self.worker(group, i).wait_ready()
+        self.stopped.difference_update(keys)
+        start_together(self.worker(group, i) for group, i in keys)
 
     def replicas(self, group: str) -> list[int]:
         """Indexes of the workers of ``group`` created so far."""
@@ -145,7 +133,7 @@ class Stack:
                 continue
             while True:
                 try:
-                    if _ready(self.host(index), self.ports[(group, index)]):
+                    if worker_ready(self.host(index), self.ports[(group, index)]):
                         break
                 except OSError:
                     pass
@@ -208,33 +196,38 @@ class Stack:
     ) -> tuple[int, Any]:
         """One HTTP request to a worker; returns (status, decoded JSON or text). ``headers``
         replace the fresh signature's (e.g. to send one signed request twice)."""
-        data = raw if raw is not None else (orjson.dumps(body) if body is not None else b"")
-        all_headers = dict(sign_request(method, path, data, API_KEY, API_SECRET)) if signed else {}
-        all_headers.update(headers or {})
-        async with (
-            aiohttp.ClientSession() as session,
-            session.request(
-                method, self.url(group, index) + path, data=data, headers=all_headers
-            ) as response,
-        ):
-            text = await response.read()
-            try:
-                return response.status, orjson.loads(text)
-            except orjson.JSONDecodeError:
-                return response.status, text.decode(errors="replace")
+        data = raw if raw is not None else _json(body)
+        answer = await self._send(group, index, method, path, data, signed, headers or {})
+        return answer.status, answer.body
 
     async def call_settled(
         self, group: str, method: str, path: str, body: Any = None, *, wait_s: float = 60.0, index: int = 0
     ) -> tuple[int, Any]:
-        """:meth:`call`, sent again (freshly signed) after each ``503`` for as long as its
-        ``retry_after_s`` says and ``wait_s`` allows, like a client honouring ``Retry-After``
+        """:meth:`call`, sent again (freshly signed) after each ``503`` once its ``Retry-After``
+        is over, for as long as ``wait_s`` allows (:func:`bench.client.settled`), like a client
         while the group rebalances (e.g. after a replica of an earlier test stopped)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            status, answer = await self.call(group, method, path, body, index=index)
-            if status != 503 or time.monotonic() >= deadline:
-                return status, answer
-            await asyncio.sleep(float(answer.get("retry_after_s", 1)) if isinstance(answer, dict) else 1.0)
+        data = _json(body)
+        answer = await settled(lambda: self._send(group, index, method, path, data, True, {}), wait_s=wait_s)
+        return answer.status, answer.body
+
+    async def _send(
+        self,
+        group: str,
+        index: int,
+        method: str,
+        path: str,
+        data: bytes,
+        signed: bool,
+        headers: Mapping[str, str],
+    ) -> Answer:
+        all_headers = dict(sign_request(method, path, data, API_KEY, API_SECRET)) if signed else {}
+        all_headers.update(headers)
+        async with aiohttp.ClientSession() as session:
+            return await call(session, method, self.url(group, index) + path, data, all_headers)
+
+
+def _json(body: Any) -> bytes:
+    return orjson.dumps(body) if body is not None else b""
 
 
 def run_avcc(
@@ -251,11 +244,6 @@ def run_avcc(
         timeout=timeout,
         check=False,
     )
-
-
-def _ready(host: str, port: int) -> bool:
-    with urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=2) as response:
-        return bool(response.status == 200)
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> Any:
