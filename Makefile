@@ -7,10 +7,12 @@ PYTEST_ARGS ?=
 # `make bench-smoke` (small data, each well under a minute: run by `make test`).
 BENCH = \
 	'bench.playback --repeat 3' \
-	'bench.lifecycle'
+	'bench.lifecycle' \
+	'bench.recovery'
 BENCH_SMOKE = \
 	'bench.playback --events 3000 --faust-events 1000 --timeout 60' \
-	'bench.lifecycle --applications 20 --knee-rates 20 --knee-seconds 1 --bulk 100 --cpu-rate 20 --cpu-seconds 1'
+	'bench.lifecycle --applications 20 --knee-rates 20 --knee-seconds 1 --bulk 100 --cpu-rate 20 --cpu-seconds 1' \
+	'bench.recovery --records 20000 --lifecycle 0'
 #: Seconds one smoke bench may take before it counts as failed (it is stopped).
 BENCH_SMOKE_TIMEOUT ?= 240
 

@@ -18,7 +18,9 @@ the loss of its owner, next to the raw limit of the same changelogs.
     python -m bench.recovery [--records 1000000] [--lifecycle 2000] [--bootstrap host:port]
                              [--skip standby,warm,...] [--worker-env AVCC_NAME=VALUE ...]
 
-Prints one JSON line per figure; the progress goes to stderr.
+Prints one JSON line per figure (``recovery_cold`` with ``x_raw``, its rate over the raw limit's);
+the progress goes to stderr. The code workers are static group members, as the StatefulSet pods
+are, with the default session timeout.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from app.platform.kafka.partitioner import partition_for
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
 from app.servers.kafka import KafkaKRaftBroker
-from app.servers.process import ManagedProcess, free_port
+from app.servers.process import ManagedProcess, free_port, stop_together
+from app.servers.workers import group_worker
 from bench.bulk import bulk_import_figure
 from bench.code_state import (
     CLAIMS_CHANGELOG,
@@ -55,13 +58,17 @@ from bench.code_state import (
     FilledWork,
     fill_changelogs,
     issued_templates,
+    lifecycle_templates,
     read_changelog,
     synthetic_works,
 )
+from bench.figures import is_ok, measure, print_figures
 
 KEY, SECRET = "bench", "bench-secret-0123456789"
 ROOT = Path(__file__).resolve().parents[1]
 LIFECYCLE_GROUPS = ("code", "review", "chain", "settlement")
+#: Longest a worker may take to be ready: a cold rebuild of a million works takes about 25 s.
+READY_TIMEOUT_S = 1800.0
 CHANGELOGS = (RECORDS_CHANGELOG, CLAIMS_CHANGELOG)
 
 
@@ -91,7 +98,8 @@ def http_json(url: str, *, signed: bool = False, timeout: float = 5.0) -> tuple[
 
 
 class Workers:
-    """Worker processes of the bench, each on its own loopback address and data dir."""
+    """Worker processes of the bench, each on its own loopback address and data dir, ready once
+    their ``/ready`` answers 200."""
 
     def __init__(self, bootstrap: str, work: Path, env: dict[str, str]) -> None:
         self.work = work
@@ -101,80 +109,62 @@ class Workers:
             "AVCC_HMAC_KEYS": json.dumps({KEY: SECRET}),
             "AVCC_BLOCK_INTERVAL_MS": "100",
             "AVCC_LOG_LEVEL": "INFO",
-            "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
             **env,
         }
-        self.port = free_port()
+        self.ports = {group: free_port() for group in LIFECYCLE_GROUPS}
         self.processes: dict[str, ManagedProcess] = {}
 
+    @staticmethod
+    def host(name: str) -> str:
+        """The loopback address worker ``name`` (``<group>-<index>``) listens on: one per replica."""
+        return f"127.0.0.{int(name.rsplit('-', 1)[1]) + 1}"
+
     def url(self, name: str) -> str:
-        """Base URL of worker ``name`` (``<group>-<index>``)."""
-        index = int(name.rsplit("-", 1)[1])
-        return f"http://127.0.0.{index + 1}:{self.port}"
+        """Base URL of worker ``name``."""
+        return f"http://{self.host(name)}:{self.ports[name.rsplit('-', 1)[0]]}"
 
     def data_dir(self, name: str) -> Path:
         """The data dir of worker ``name``."""
         return self.work / name
 
     def process(self, name: str, env: dict[str, str] | None = None) -> ManagedProcess:
-        """Worker ``name`` (``<group>-<index>``), created on first use with ``env`` on top (a
-        stopped worker given ``env`` is created anew with it)."""
+        """Worker ``name``, created on first use with ``env`` on top (a stopped worker given
+        ``env`` is created anew with it)."""
         existing = self.processes.get(name)
         if existing is not None and env is not None and not existing.running:
             del self.processes[name]
         if name not in self.processes:
-            group, index = name.rsplit("-", 1)
-            host = f"127.0.0.{int(index) + 1}"
-            port = self.port if group == "code" else free_port()
-            self.processes[name] = ManagedProcess(
-                name,
-                [sys.executable, "-m", "app", "worker", group, "--web-port", str(port)],
+            group = name.rsplit("-", 1)[0]
+            self.processes[name] = group_worker(
+                group,
+                port=self.ports[group],
+                env={**self.env, **(env or {})},
+                data_dir=self.data_dir(name),
                 log_path=self.work / f"{name}.log",
+                host=self.host(name),
+                name=name,
                 cwd=ROOT,
-                env={
-                    **self.env,
-                    **(env or {}),
-                    "AVCC_DATA_DIR": str(self.data_dir(name)),
-                    "AVCC_WEB_HOST": host,
-                },
-                ready=lambda: True,
-                ready_timeout=5,
-                die_with_parent=True,
+                ready_timeout=READY_TIMEOUT_S,
             )
         return self.processes[name]
 
+    def start(self, *names: str) -> None:
+        """Start workers ``names`` together and wait until each is ready."""
+        for name in names:
+            self.process(name).start(wait=False)
+        for name in names:
+            self.process(name).wait_ready()
+
     def stop_all(self) -> None:
         """Stop every worker still running."""
-        for process in self.processes.values():
-            if process.running:
-                process.stop()
-
-
-def wait_ready(
-    url: str, timeout: float = 1800.0, watch: Callable[[dict[str, Any]], None] | None = None
-) -> None:
-    """Poll ``url/ready`` until it answers 200 (``watch`` sees each 503 body)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, body = http_json(f"{url}/ready", timeout=2)
-        if status == 200:
-            return
-        if watch is not None and isinstance(body, dict):
-            watch(body)
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready within {timeout:.0f} s")
+        stop_together(p for p in self.processes.values() if p.running)
 
 
 def run_lifecycle(bootstrap: str, work: Path, env: dict[str, str], works: int) -> None:
     """``works`` O-level works through the real pipeline, until each is issued."""
     workers = Workers(bootstrap, work / "lifecycle", env)
     try:
-        for group in LIFECYCLE_GROUPS:
-            workers.process(f"{group}-0").start(wait=False)
-        for group in LIFECYCLE_GROUPS:
-            process = workers.process(f"{group}-0")
-            port = process.argv[-1]
-            wait_ready(f"http://127.0.0.1:{port}", timeout=180)
+        workers.start(*(f"{group}-0" for group in LIFECYCLE_GROUPS))
         figure = bulk_import_figure(workers.url("code-0"), works, workers.work, KEY, SECRET)
         log(f"lifecycle: {figure}")
         if figure["issued"] != works:
@@ -197,8 +187,10 @@ def changelog_ends(bootstrap: str, topics: tuple[str, ...]) -> dict[tuple[str, i
 
 
 def raw_restore(bootstrap: str, target: Path) -> dict[str, Any]:
-    """The raw limit: read both changelogs to their ends into one rocksdict per partition,
-    10,000 messages a fetch, one write batch per partition and fetch."""
+    """The raw limit: read both changelogs to their ends into one rocksdict per partition under
+    ``target`` (removed afterwards), 10,000 messages a fetch, one write batch per partition and
+    fetch."""
+    target.mkdir(parents=True, exist_ok=True)
     ends = {tp: high for tp, (low, high) in changelog_ends(bootstrap, CHANGELOGS).items() if high > low}
     consumer = Consumer(
         {
@@ -238,6 +230,7 @@ def raw_restore(bootstrap: str, target: Path) -> dict[str, Any]:
     consumer.close()
     for store in stores.values():
         store.close()
+    shutil.rmtree(target)
     return {
         "name": "recovery_raw",
         "records": records,
@@ -282,10 +275,8 @@ def cold_rebuild(workers: Workers, name: str, changelog_records: int, works: int
     """Start worker ``name`` on an empty data dir; its rebuild figure: seconds from its start
     to ``/ready``, and the restore's own records and seconds (its metrics) with their rate."""
     shutil.rmtree(workers.data_dir(name), ignore_errors=True)
-    process = workers.process(name)
     started = time.monotonic()
-    process.start(wait=False)
-    wait_ready(workers.url(name))
+    workers.start(name)
     ready_s = time.monotonic() - started
     url = workers.url(name)
     restored = metric_sum(url, "avcc_table_recovery_last_records")
@@ -304,11 +295,11 @@ def cold_rebuild(workers: Workers, name: str, changelog_records: int, works: int
 
 def warm_restart(workers: Workers, name: str, works: int, samples: list[FilledWork]) -> dict[str, Any]:
     """SIGKILL worker ``name`` and start it again on its data dir; its restart figure."""
-    process = workers.process(name)
-    process.kill()
+    if not workers.process(name).running:
+        workers.start(name)
+    workers.process(name).kill()
     started = time.monotonic()
-    process.start(wait=False)
-    wait_ready(workers.url(name))
+    workers.start(name)
     ready_s = time.monotonic() - started
     served_s = ready_s + first_served(workers.url(name), samples)
     replayed = metric_sum(workers.url(name), "avcc_table_recovery_replayed_records")
@@ -353,9 +344,8 @@ def standby_failover(workers: Workers, bootstrap: str) -> dict[str, Any]:
     workers.process(owner).stop()
     shutil.rmtree(workers.data_dir(survivor), ignore_errors=True)
     for name in (owner, survivor):
-        workers.process(name, {**standby, "AVCC_KAFKA_GROUP_INSTANCE_ID": name}).start(wait=False)
-    for name in (owner, survivor):
-        wait_ready(workers.url(name))
+        workers.process(name, {**standby, "AVCC_KAFKA_GROUP_INSTANCE_ID": name})
+    workers.start(owner, survivor)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         lags = [metric_sum(workers.url(n), "avcc_table_standby_lag_records") for n in (owner, survivor)]
@@ -377,7 +367,7 @@ def standby_failover(workers: Workers, bootstrap: str) -> dict[str, Any]:
         "name": "recovery_standby",
         "seconds": round(seconds, 2),
         "replayed_at_failover": int(restored_after - restored_before),
-        "session_timeout_ms": int(workers.env["AVCC_KAFKA_SESSION_TIMEOUT_MS"]),
+        "session_timeout_ms": Settings().kafka_session_timeout_ms,
     }
 
 
@@ -397,12 +387,37 @@ def bytes_per_record(bootstrap: str, works: int) -> dict[str, Any]:
     }
 
 
+def build_state(
+    bootstrap: str, work: Path, env: dict[str, str], records: int, lifecycle: int
+) -> list[FilledWork]:
+    """The code group's changelogs filled to ``records`` works (see the module doc); a sample of
+    the works filled."""
+    settings = Settings(kafka_url=f"kafka://{bootstrap}")
+    apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
+    if lifecycle > 0:
+        run_lifecycle(bootstrap, work, env, lifecycle)
+        templates = issued_templates(read_changelog(bootstrap, RECORDS_CHANGELOG))
+    else:
+        templates = lifecycle_templates(50, settings.avcc_org, settings.avcc_node)
+    started = time.monotonic()
+    works = synthetic_works(templates, max(0, records - lifecycle), settings.avcc_org, settings.avcc_node)
+    filled, samples = fill_changelogs(bootstrap, works)
+    log(f"filled {filled} works from {len(templates)} templates in {time.monotonic() - started:.1f} s")
+    return samples
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--records", type=int, default=1_000_000, help="works the code group holds")
-    parser.add_argument("--lifecycle", type=int, default=2000, help="works issued through the real pipeline")
+    parser.add_argument(
+        "--lifecycle",
+        type=int,
+        default=2000,
+        help="works issued through the real pipeline first (0: templates from the code group's own "
+        "transitions, without running the pipeline)",
+    )
     parser.add_argument(
         "--bootstrap", default=None, help="use this (empty) broker instead of an embedded Kafka"
     )
@@ -430,42 +445,32 @@ def main() -> int:
     # the code worker runs as a StatefulSet pod does: a stable group instance id (static membership)
     workers = Workers(bootstrap, work, {"AVCC_KAFKA_GROUP_INSTANCE_ID": "code-0", **env})
     figures: list[dict[str, Any]] = []
+
+    def add(name: str, produce: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        figure = measure(name, produce)
+        log(json.dumps(figure))
+        figures.append(figure)
+        return figure
+
     try:
-        settings = Settings(kafka_url=f"kafka://{bootstrap}")
-        apply_plan(settings, [*TOPIC_PLAN, *changelog_specs()])
-        run_lifecycle(bootstrap, work, env, args.lifecycle)
-        templates = issued_templates(read_changelog(bootstrap, RECORDS_CHANGELOG))
-        fill = max(0, args.records - args.lifecycle)
-        started = time.monotonic()
-        filled, samples = fill_changelogs(
-            bootstrap, synthetic_works(templates, fill, settings.avcc_org, settings.avcc_node)
-        )
-        log(f"filled {filled} works from {len(templates)} templates in {time.monotonic() - started:.1f} s")
-        ends = changelog_ends(bootstrap, CHANGELOGS)
-        changelog_records = sum(high - low for low, high in ends.values())
+        samples = build_state(bootstrap, work, env, args.records, args.lifecycle)
+        changelog_records = sum(high - low for low, high in changelog_ends(bootstrap, CHANGELOGS).values())
         log(f"changelogs hold {changelog_records} records")
+        raw: dict[str, Any] = {}
         if "raw" not in skip:
-            raw_dir = work / "raw"
-            raw_dir.mkdir()
-            figures.append(raw_restore(bootstrap, raw_dir))
-            shutil.rmtree(raw_dir)
-            log(json.dumps(figures[-1]))
+            raw = add("recovery_raw", lambda: raw_restore(bootstrap, work / "raw"))
         if "cold" not in skip:
-            figures.append(cold_rebuild(workers, "code-0", changelog_records, args.records))
-            log(json.dumps(figures[-1]))
+            cold = add(
+                "recovery_cold", lambda: cold_rebuild(workers, "code-0", changelog_records, args.records)
+            )
+            if is_ok(raw) and raw and is_ok(cold) and cold.get("records_per_s"):
+                cold["x_raw"] = round(cold["records_per_s"] / raw["records_per_s"], 2)
         if "warm" not in skip:
-            if "cold" in skip:
-                workers.process("code-0").start(wait=False)
-                wait_ready(workers.url("code-0"))
-            figures.append(warm_restart(workers, "code-0", args.records, samples))
-            log(json.dumps(figures[-1]))
+            add("recovery_warm", lambda: warm_restart(workers, "code-0", args.records, samples))
         if "standby" not in skip:
-            figures.append(standby_failover(workers, bootstrap))
-            log(json.dumps(figures[-1]))
-        figures.append(bytes_per_record(bootstrap, args.records))
-        for figure in figures:
-            print(json.dumps(figure))
-        return 0
+            add("recovery_standby", lambda: standby_failover(workers, bootstrap))
+        add("bytes_per_record", lambda: bytes_per_record(bootstrap, args.records))
+        return print_figures(figures)
     finally:
         workers.stop_all()
         if broker is not None:
