@@ -26,10 +26,12 @@ from bench.data import o_level_application
 __all__ = [
     "API_KEY",
     "API_SECRET",
+    "CONSOLE_KEY",
     "CORE_GROUPS",
     "EXPECTED_EVENTS",
     "Stack",
     "application",
+    "console_env",
     "create_topic",
     "issued_exactly_once",
     "record_when",
@@ -41,6 +43,8 @@ CORE_GROUPS = ("code", "review", "chain", "settlement")
 
 API_KEY = "test-partner"
 API_SECRET = "test-secret-0123456789"
+#: The key the console signs its calls to the other workers with (scoped, as in production).
+CONSOLE_KEY = "console"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -229,6 +233,22 @@ class Stack:
             if status != 503 or time.monotonic() >= deadline:
                 return status, answer
             await asyncio.sleep(float(answer.get("retry_after_s", 1)) if isinstance(answer, dict) else 1.0)
+
+
+def console_env(operator: str, password: str) -> dict[str, str]:
+    """Settings of a stack whose console signs with :data:`CONSOLE_KEY` and lets ``operator`` in."""
+    keys = {
+        API_KEY: API_SECRET,
+        CONSOLE_KEY: {
+            "secret": "console-secret-0123456789",
+            "scopes": ["review:decide", "records:read", "playback:read"],
+        },
+    }
+    return {
+        "AVCC_HMAC_KEYS": json.dumps(keys),
+        "AVCC_OPERATOR_USERS": json.dumps({operator: password}),
+        "AVCC_CONSOLE_KEY_ID": CONSOLE_KEY,
+    }
 
 
 def run_avcc(
