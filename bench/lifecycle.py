@@ -3,7 +3,11 @@
 Starts an embedded Apache Kafka broker and the code/review/chain/settlement workers (block interval
 100 ms), measures the broker round trip (produce -> consume of one message) as the baseline,
 then submits N signed O-level applications at a steady rate and reads, from each record's
-history, when its code was issued. Prints p50/p99 and one JSON line per figure.
+history, when its code was issued. Prints p50/p99 and one JSON line per figure, and beside them
+what the code worker's own ``avcc_time_to_code_seconds`` histogram counted for the same
+applications (scraped from its ``/metrics`` before and after; quantiles as Prometheus's
+``histogram_quantile`` reads them): the server-side figure starts at the application's acceptance
+by the claims agent, the client's at its request, so the two differ by the claim's hop.
 
 Then it finds the knee itself: it steps the rate up (``--knee-rates``, ``--knee-seconds`` per
 step) and reports the highest rate whose p99 apply -> code issued stays under 1 s
@@ -38,9 +42,11 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from app.ops.slo.report import histogram_quantile
 from app.platform.http.auth import sign_request
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
+from app.platform.metrics import TIME_TO_CODE_BUCKETS
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
 from app.servers.kafka import KafkaKRaftBroker
@@ -49,6 +55,7 @@ from bench.bulk import bulk_import_figure
 from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
 from bench.profiles import summarize
+from bench.scrape import Scrape, scrape
 
 GROUPS = ("code", "review", "chain", "settlement")
 KEY, SECRET = "bench", "bench-secret-0123456789"
@@ -211,6 +218,37 @@ def py_spy(pids: dict[str, int], out: Path | None, seconds: float) -> Iterator[N
                     print(f"  {line}", file=sys.stderr)
 
 
+#: The code worker's histograms of the time from an application to its final answer, and per stage.
+TIME_TO_CODE = "avcc_time_to_code_seconds"
+TIME_TO_CODE_STAGE = "avcc_time_to_code_stage_seconds"
+
+
+def time_to_code_figure(buckets: list[float]) -> dict[str, Any]:
+    """The O-level applications' time to code as the code worker's histogram counted them (its
+    cumulative ``buckets``, ``+Inf`` last): p50/p99 interpolated as Prometheus does."""
+    bounds = list(TIME_TO_CODE_BUCKETS)
+    p50, p99 = (histogram_quantile(q, bounds, buckets) for q in (0.5, 0.99))
+    return {
+        "name": "time_to_code_o_level_histogram",
+        "n": int(buckets[-1]),
+        "p50_ms": round(1000 * p50, 2) if p50 is not None else None,
+        "p99_ms": round(1000 * p99, 2) if p99 is not None else None,
+    }
+
+
+def stage_means_ms(before: Scrape, after: Scrape) -> dict[str, float]:
+    """Mean milliseconds the O-level applications answered between two scrapes spent per stage."""
+    means = {}
+    for stage in ("code", "review", "chain"):
+        spent, count = (
+            after.change(before, f"{TIME_TO_CODE_STAGE}_{part}", level="O", stage=stage)
+            for part in ("sum", "count")
+        )
+        if count:
+            means[stage] = round(1000 * spent / count, 1)
+    return means
+
+
 def print_stages(base: str) -> None:
     """The code worker's mean time per stage of a signed request (``avcc_request_stage_seconds``)."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
@@ -345,11 +383,13 @@ def main() -> int:
             worker.wait_ready()
 
         rtt = broker_round_trip(bootstrap)
-        asyncio.run(run_applications(f"http://127.0.0.1:{ports['code']}", 20, 20))  # warm-up
-        latencies = asyncio.run(
-            run_applications(f"http://127.0.0.1:{ports['code']}", args.applications, args.rate)
-        )
         base = f"http://127.0.0.1:{ports['code']}"
+        asyncio.run(run_applications(base, 20, 20))  # warm-up
+        before = scrape(base)
+        latencies = asyncio.run(run_applications(base, args.applications, args.rate))
+        after = scrape(base)
+        histogram = after.since(before, TIME_TO_CODE, level="O", outcome="issued", review="ai")
+        stages = stage_means_ms(before, after)
         cpu = None
         if args.cpu_rate > 0:
             pids = {worker.name: worker.pid for worker in workers if worker.pid is not None}
@@ -374,6 +414,11 @@ def main() -> int:
                 f"{name:34} {len(values):>6} {percentile(values, 50):>9.1f} {percentile(values, 99):>9.1f} "
                 f"{statistics.fmean(values):>9.1f}"
             )
+        served = {**time_to_code_figure(histogram), "stage_mean_ms": stages}
+        print(
+            f"{'  the same, code worker histogram':34} {served['n']:>6} {served['p50_ms']:>9.1f} "
+            f"{served['p99_ms']:>9.1f}   per stage (mean ms): {stages}"
+        )
         for name, values in figures:
             print(
                 json.dumps(
@@ -386,6 +431,7 @@ def main() -> int:
                     }
                 )
             )
+        print(json.dumps(served))
         for extra in (knee, bulk, cpu):
             if extra is not None:
                 print(json.dumps(extra))
