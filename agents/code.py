@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 import faust
@@ -21,13 +22,26 @@ import orjson
 from aiohttp import web
 from faust.types import TP
 
-from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS
+from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS, TIME_TO_CODE
 from app.lifecycle.code.answers import ClaimMoved, ClaimWaiters
 from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
 from app.lifecycle.code.claims import CLAIM_TIMEOUT_S, application_answer, plan_claims
 from app.lifecycle.code.recent import recent_records, render_recent_records
-from app.lifecycle.code.records import apply_created, is_duplicate, review_finished, tx_confirmed
+from app.lifecycle.code.records import (
+    RecordState,
+    apply_created,
+    is_duplicate,
+    review_finished,
+    tx_confirmed,
+)
 from app.lifecycle.code.status_counts import ReplicaCounts, StatusCounts, merge_replicas
+from app.lifecycle.code.time_to_code import (
+    ReplicaTimes,
+    TimeToCodeWindow,
+    final_answer,
+    merge_times,
+    waiting_since,
+)
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import (
     HEADER_TARGET_GROUP,
@@ -57,7 +71,7 @@ from app.platform.http.routing import (
 from app.platform.http.views import install_common_views
 from app.platform.kafka.partitioner import partition_for
 from app.platform.kafka.producers import Outbound
-from app.platform.metrics import STAGE_SECONDS
+from app.platform.metrics import NEED_HUMAN_OLDEST, STAGE_SECONDS
 from app.platform.settings import get_settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -76,6 +90,9 @@ from tables.code import claims, record_parking, records
 
 __all__ = ["app"]
 
+#: A replica's entry in a route answered over every replica (its counts, its time to code).
+Replica = TypeVar("Replica")
+
 app = get_app("code")
 settings = get_settings()
 bulk = BulkSettings()
@@ -86,6 +103,18 @@ claim_waiters = ClaimWaiters()
 peers = PeerClient(settings, FORWARD_TIMEOUT_S)
 #: Records by status of this worker's record partitions, kept in memory (see the module).
 record_counts = StatusCounts()
+#: Time to code of the records this worker gave their final answer, the last hour of it kept.
+time_to_code = TimeToCodeWindow()
+
+
+def oldest_need_human_s() -> float | None:
+    """Since when (unix time) the oldest need_human record of this worker's partitions waits."""
+    since = record_counts.oldest_waiting_ms()
+    return since / 1000 if since is not None else None
+
+
+NEED_HUMAN_OLDEST.source = oldest_need_human_s
+
 #: How long the answering replica waits for each other replica's counts: below the console's
 #: own time limit (``AVCC_CONSOLE_PEER_TIMEOUT_S``, 5 s), so a silent replica is named on the
 #: page instead of failing the whole answer.
@@ -133,8 +162,18 @@ async def handle_record_event(envelope: Envelope[Any]) -> Effects:
     else:
         new = tx_confirmed(state, envelope, now, org, node)
     old_status = state.status if state is not None else None
-    counted = functools.partial(record_counts.moved, key, old_status, new.status, len(new.history))
-    return Effects(writes=[records.write(key, new)], apply=counted)
+    return Effects(
+        writes=[records.write(key, new)], apply=functools.partial(record_written, key, old_status, new)
+    )
+
+
+def record_written(key: str, old_status: str | None, new: RecordState) -> None:
+    """After a durable record write: move the counts, and observe the record's time to code if
+    this write gave it its final answer."""
+    record_counts.moved(key, old_status, new.status, len(new.history), waiting_since(new))
+    answer = final_answer(old_status, new)
+    if answer is not None:
+        time_to_code.observe(answer)
 
 
 @app.agent(record_inputs)
@@ -396,35 +435,73 @@ async def counts_here() -> ReplicaCounts | None:
     return ReplicaCounts(str(app.conf.canonical_url).rstrip("/"), partitions, counts)
 
 
-async def counts_of_peers(request: web.Request) -> list[ReplicaCounts]:
-    """What every other replica holding record partitions answered, each named with its
-    partitions (and why) when it did not."""
-    replicas: list[ReplicaCounts] = []
-    for peer in await ask_every_peer(app, records.table, request, settings, timeout_s=COUNTS_PEER_TIMEOUT_S):
-        if peer.answer.status == 200 and isinstance(peer.answer.body, bytes):
-            replicas.extend(ReplicaCounts.from_json(e) for e in orjson.loads(peer.answer.body)["replicas"])
-            continue
-        try:
-            reason = orjson.loads(peer.answer.body or b"{}").get("error", "")  # type: ignore[arg-type]
-        except (orjson.JSONDecodeError, TypeError, AttributeError):
-            reason = ""
-        error = f"answered {peer.answer.status}" + (f": {reason}" if reason else "")
-        replicas.append(ReplicaCounts(peer.url, peer.partitions, error=error))
-    return replicas
+async def for_every_replica(
+    request: web.Request,
+    mine: Callable[[ReplicaCounts], Replica],
+    entry: Callable[[Mapping[str, Any]], Replica],
+    silent: Callable[[str, tuple[int, ...], str], Replica],
+    merge: Callable[[list[Replica], int], dict[str, Any]],
+) -> web.Response:
+    """A summary of every record partition, answered the same by any replica: ``mine`` (this
+    worker's part, from its counts) and the ``replicas`` entries every other replica holding
+    record partitions answers to the request forwarded (``entry`` reads one;
+    ``silent(url, partitions, why)`` stands for one that does not answer), ``merge``d."""
+    forwarded = await table_wide_request(app, request, settings, scope="records:read")
+    if isinstance(forwarded, web.Response):
+        return forwarded
+    here = await counts_here()
+    if here is None:
+        return rebalancing_answer("record counts are being rebuilt after a rebalance")
+    replicas = [mine(here)]
+    if not forwarded:
+        for peer in await ask_every_peer(
+            app, records.table, request, settings, timeout_s=COUNTS_PEER_TIMEOUT_S
+        ):
+            if peer.answer.status == 200 and isinstance(peer.answer.body, bytes):
+                replicas.extend(entry(e) for e in orjson.loads(peer.answer.body)["replicas"])
+                continue
+            try:
+                reason = orjson.loads(peer.answer.body or b"{}").get("error", "")  # type: ignore[arg-type]
+            except (orjson.JSONDecodeError, TypeError, AttributeError):
+                reason = ""
+            error = f"answered {peer.answer.status}" + (f": {reason}" if reason else "")
+            replicas.append(silent(peer.url, peer.partitions, error))
+    return json_response(merge(replicas, APPLY_CREATED.partitions))
+
+
+def silent_counts(url: str, partitions: tuple[int, ...], error: str) -> ReplicaCounts:
+    """A replica that did not answer its counts."""
+    return ReplicaCounts(url, partitions, error=error)
 
 
 @route(app, RECORD_COUNTS)
 class RecordCounts(faust.web.View):
-    """``GET``: records by status of every record partition, answered the same by any replica:
-    its own counts plus those of every other replica holding record partitions (asked with the
-    request forwarded); a replica that does not answer is named with the partitions it held."""
+    """``GET``: records by status of every record partition: this replica's counts plus those of
+    every other replica holding record partitions; one that does not answer is named with the
+    partitions it held."""
 
     async def get(self, request: web.Request) -> web.Response:
-        forwarded = await table_wide_request(app, request, settings, scope="records:read")
-        if isinstance(forwarded, web.Response):
-            return forwarded
-        here = await counts_here()
-        if here is None:
-            return rebalancing_answer("record counts are being rebuilt after a rebalance")
-        replicas = [here] if forwarded else [here, *await counts_of_peers(request)]
-        return json_response(merge_replicas(replicas, APPLY_CREATED.partitions))
+        return await for_every_replica(
+            request, lambda counts: counts, ReplicaCounts.from_json, silent_counts, merge_replicas
+        )
+
+
+def times_of(counts: ReplicaCounts) -> ReplicaTimes:
+    """This worker's time to code of the last hour and its oldest need_human wait."""
+    return ReplicaTimes(
+        counts.url, counts.partitions, time_to_code.snapshot(), record_counts.oldest_waiting_ms()
+    )
+
+
+def silent_times(url: str, partitions: tuple[int, ...], error: str) -> ReplicaTimes:
+    """A replica that did not answer its time to code."""
+    return ReplicaTimes(url, partitions, error=error)
+
+
+@route(app, TIME_TO_CODE)
+class TimeToCode(faust.web.View):
+    """``GET``: time to code of the last hour and the oldest need_human wait, over every replica
+    holding record partitions, like the record counts."""
+
+    async def get(self, request: web.Request) -> web.Response:
+        return await for_every_replica(request, times_of, ReplicaTimes.from_json, silent_times, merge_times)

@@ -34,6 +34,7 @@ __all__ = [
     "STATS",
     "SUBMIT_INSTRUCTION",
     "TASKS",
+    "TIME_TO_CODE",
     "partner_document",
 ]
 
@@ -163,6 +164,85 @@ RECORD_COUNTS = Operation(
                     "partitions": {**_INT, "description": "Record partitions in all."},
                     "missing_partitions": {"type": "array", "items": _INT},
                     "replicas": {"type": "array", "items": _REPLICA_COUNTS},
+                },
+            },
+        ),
+    ),
+    scope="records:read",
+    errors=(503,),
+    tag="records",
+)
+_NUMBER: Final = {"type": "number"}
+_TIME_TO_CODE_SERIES: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["level", "outcome", "review", "buckets", "sum"],
+    "properties": {
+        "level": {**_STR, "description": "The record's final_level (unknown: failed before its review)."},
+        "outcome": {"enum": ["issued", "rejected", "chain_failed"]},
+        "review": {"enum": ["ai", "human"], "description": "human: a person decided."},
+        "buckets": {
+            "type": "array",
+            "items": _INT,
+            "description": "Records answered within each of bounds, then in all (cumulative, as "
+            "Prometheus's le buckets).",
+        },
+        "sum": {**_NUMBER, "description": "Seconds in all."},
+    },
+}
+_TIME_TO_CODE_STAGE: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["level", "stage", "count", "sum"],
+    "properties": {
+        "level": _STR,
+        "stage": {"enum": ["code", "review", "human_wait", "chain"]},
+        "count": _INT,
+        "sum": {**_NUMBER, "description": "Seconds the records spent in the stage."},
+    },
+}
+_TIME_TO_CODE_WINDOW: Final[dict[str, Any]] = {
+    "series": {"type": "array", "items": _TIME_TO_CODE_SERIES},
+    "stages": {"type": "array", "items": _TIME_TO_CODE_STAGE},
+    "oldest_need_human_ms": {
+        "type": ["integer", "null"],
+        "description": "Since when (epoch ms) the longest-waiting need_human record waits for a "
+        "person; null when none does.",
+    },
+}
+TIME_TO_CODE = Operation(
+    "GET",
+    "/v1/avcc/time-to-code",
+    "Time to code of the last hour (application accepted to code issued, refusal or chain failure, "
+    "once per record) per level, outcome and stage, and the oldest record waiting for a person, "
+    "answered the same by any code replica: it adds up every replica holding record partitions "
+    "(the console's overview; the same observations as the avcc_time_to_code_seconds histograms).",
+    (
+        Reply(
+            200,
+            "The replicas that answered added up; every replica with its partitions and its own "
+            "part; the record partitions whose waits nobody reported.",
+            {
+                "type": "object",
+                "required": ["window_s", "bounds", "series", "stages", "oldest_need_human_ms", "replicas"],
+                "properties": {
+                    "window_s": {**_INT, "description": "How far back the answers reach."},
+                    "bounds": {
+                        "type": "array",
+                        "items": _NUMBER,
+                        "description": "Upper bounds (s) of the buckets, +Inf left out.",
+                    },
+                    **_TIME_TO_CODE_WINDOW,
+                    "partitions": {**_INT, "description": "Record partitions in all."},
+                    "missing_partitions": {"type": "array", "items": _INT},
+                    "replicas": {
+                        "type": "array",
+                        "items": {
+                            **_REPLICA_COUNTS,
+                            "properties": {
+                                **{k: v for k, v in _REPLICA_COUNTS["properties"].items() if k != "counts"},
+                                **_TIME_TO_CODE_WINDOW,
+                            },
+                        },
+                    },
                 },
             },
         ),
@@ -342,7 +422,7 @@ ANOMALIES = Operation(
 
 #: Every partner operation, in the order of the partner document's tags.
 OPERATIONS: Final = (
-    *(APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS, TASKS, DECIDE),
+    *(APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS, TIME_TO_CODE, TASKS, DECIDE),
     *(SUBMIT_INSTRUCTION, INSTRUCTION, PLAYBACK_EVENTS, STATS, ANOMALIES),
 )
 

@@ -3,7 +3,11 @@
 Starts an embedded Apache Kafka broker and the code/review/chain/settlement workers (block interval
 100 ms), measures the broker round trip (produce -> consume of one message) as the baseline,
 then submits N signed O-level applications at a steady rate and reads, from each record's
-history, when its code was issued. Prints p50/p99 and one JSON line per figure.
+history, when its code was issued. Prints p50/p99 and one JSON line per figure, and beside them
+what the code worker's own ``avcc_time_to_code_seconds`` histogram counted for the same
+applications (scraped from its ``/metrics`` before and after; quantiles as Prometheus's
+``histogram_quantile`` reads them): the server-side figure starts at the application's acceptance
+by the claims agent, the client's at its request, so the two differ by the claim's hop.
 
 Then it finds the knee itself: it steps the rate up (``--knee-rates``, ``--knee-seconds`` per
 step) and reports the highest rate whose p99 apply -> code issued stays under 1 s
@@ -40,8 +44,10 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from app.ops.slo.report import histogram_quantile
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
+from app.platform.metrics import TIME_TO_CODE_BUCKETS
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
 from app.servers.kafka import KafkaKRaftBroker
@@ -53,6 +59,7 @@ from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
 from bench.figures import is_ok, measure, print_figures
 from bench.profiles import summarize
+from bench.scrape import Scrape, scrape
 
 GROUPS = ("code", "review", "chain", "settlement")
 KEY, SECRET = "bench", "bench-secret-0123456789"
@@ -227,6 +234,37 @@ def py_spy(pids: dict[str, int], out: Path | None, seconds: float) -> Iterator[N
                     print(f"  {line}", file=sys.stderr)
 
 
+#: The code worker's histograms of the time from an application to its final answer, and per stage.
+TIME_TO_CODE = "avcc_time_to_code_seconds"
+TIME_TO_CODE_STAGE = "avcc_time_to_code_stage_seconds"
+
+
+def time_to_code_figure(buckets: list[float]) -> dict[str, Any]:
+    """The O-level applications' time to code as the code worker's histogram counted them (its
+    cumulative ``buckets``, ``+Inf`` last): p50/p99 interpolated as Prometheus does."""
+    bounds = list(TIME_TO_CODE_BUCKETS)
+    p50, p99 = (histogram_quantile(q, bounds, buckets) for q in (0.5, 0.99))
+    return {
+        "name": "time_to_code_o_level_histogram",
+        "n": int(buckets[-1]),
+        "p50_ms": round(1000 * p50, 2) if p50 is not None else None,
+        "p99_ms": round(1000 * p99, 2) if p99 is not None else None,
+    }
+
+
+def stage_means_ms(before: Scrape, after: Scrape) -> dict[str, float]:
+    """Mean milliseconds the O-level applications answered between two scrapes spent per stage."""
+    means = {}
+    for stage in ("code", "review", "chain"):
+        spent, count = (
+            after.change(before, f"{TIME_TO_CODE_STAGE}_{part}", level="O", stage=stage)
+            for part in ("sum", "count")
+        )
+        if count:
+            means[stage] = round(1000 * spent / count, 1)
+    return means
+
+
 def print_stages(base: str) -> None:
     """The code worker's mean time per stage of a signed request (``avcc_request_stage_seconds``)."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
@@ -360,9 +398,20 @@ def main() -> int:
         base = f"http://127.0.0.1:{ports['code']}"
         rtt = latency_figure("broker_round_trip", lambda: broker_round_trip(bootstrap))
         asyncio.run(run_applications(base, 20, 20))  # warm-up
+        before = scrape(base)
         issued = latency_figure(
             "apply_to_code_issued_o_level",
             lambda: asyncio.run(run_applications(base, args.applications, args.rate)),
+        )
+        after = scrape(base)
+        served = measure(
+            "time_to_code_o_level_histogram",
+            lambda: {
+                **time_to_code_figure(
+                    after.since(before, TIME_TO_CODE, level="O", outcome="issued", review="ai")
+                ),
+                "stage_mean_ms": stage_means_ms(before, after),
+            },
         )
         cpu = None
         if args.cpu_rate > 0:
@@ -390,7 +439,12 @@ def main() -> int:
                     f"{figure['name']:34} {figure['n']:>6} {figure['p50_ms']:>9.1f} {figure['p99_ms']:>9.1f} "
                     f"{figure['mean_ms']:>9.1f}"
                 )
-        return print_figures(f for f in (rtt, issued, knee, bulk, cpu) if f is not None)
+        if is_ok(served):
+            print(
+                f"{'  the same, code worker histogram':34} {served['n']:>6} {served['p50_ms']:>9.1f} "
+                f"{served['p99_ms']:>9.1f}   per stage (mean ms): {served['stage_mean_ms']}"
+            )
+        return print_figures(f for f in (rtt, issued, served, knee, bulk, cpu) if f is not None)
     finally:
         for worker in workers:
             worker.stop()

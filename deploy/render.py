@@ -1,7 +1,9 @@
-"""Renders the deploy manifests from the topic plan, the agent groups and the lag rules.
+"""Renders the deploy manifests from the topic plan, the agent groups, the lag rules and the SLOs.
 
 One source of truth: partition counts come from ``app/topics.py``, groups and ports from
-``app/groups.py``, lag thresholds from ``app/lag.py`` (the seed's 9.3.4 rules). The output is
+``app/groups.py``, lag thresholds from ``app/lag.py`` (the seed's 9.3.4 rules), the time-to-code
+objectives from ``app/ops/slo/settings.py`` (``AVCC_SLO_*`` as set when rendering: the ConfigMap
+carries the same values, so the console judges by the objectives the alerts do). The output is
 committed; ``tests/unit/test_deploy.py`` fails when it is stale.
 
     python deploy/render.py           # (re)write deploy/k8s, deploy/prometheus, deploy/grafana
@@ -23,8 +25,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from app.ops.lag.settings import LagRule, default_rules  # noqa: E402
+from app.ops.slo.rules import ERROR_RATIO, slo_rule_groups  # noqa: E402
+from app.ops.slo.settings import SloSettings  # noqa: E402
 from app.platform.faust.app import consumer_group_id  # noqa: E402
 from app.platform.groups import GROUPS, GroupSpec  # noqa: E402
+from app.platform.metrics import REVIEW_AI  # noqa: E402
 from app.platform.settings import Settings  # noqa: E402
 from app.platform.topics import DLQ, spec_for  # noqa: E402
 from app.platform.yaml_text import to_yaml  # noqa: E402
@@ -348,7 +353,13 @@ def _scaled_objects(rules: Iterable[LagRule]) -> dict[str, dict[str, Any]]:
     return objects
 
 
-def _configmap() -> dict[str, Any]:
+def _slo_env(slo: SloSettings) -> dict[str, str]:
+    """The objectives the alerts were rendered from, for the workers (the console judges by them)."""
+    prefix = str(SloSettings.model_config.get("env_prefix", ""))
+    return {f"{prefix}{name.upper()}": json.dumps(value) for name, value in slo.model_dump().items()}
+
+
+def _configmap(slo: SloSettings) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -368,6 +379,7 @@ def _configmap() -> dict[str, Any]:
             "AVCC_WEB_PORT": str(BASE_PORT),
             "AVCC_LOG_LEVEL": "INFO",
             "AVCC_ALERT_WEBHOOK_URL": "http://alertmanager.monitoring.svc:9093/api/v2/alerts",
+            **_slo_env(slo),
         },
     }
 
@@ -424,13 +436,13 @@ def _keda_authentication() -> dict[str, Any]:
     }
 
 
-def render_k8s(rules: Sequence[LagRule]) -> dict[str, str]:
+def render_k8s(rules: Sequence[LagRule], slo: SloSettings) -> dict[str, str]:
     """``deploy/k8s/*`` file name -> content."""
     files: dict[str, str] = {}
     files["namespace.yaml"] = to_yaml(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     )
-    files["configmap.yaml"] = to_yaml(_configmap())
+    files["configmap.yaml"] = to_yaml(_configmap(slo))
     files["secret.example.yaml"] = (
         "# Example only: create the real Secret out of band (sealed-secrets, external-secrets, kubectl).\n"
         + to_yaml(*_secret_examples())
@@ -468,7 +480,7 @@ def render_k8s(rules: Sequence[LagRule]) -> dict[str, str]:
                 "namespace": NAMESPACE,
                 "labels": {"app.kubernetes.io/name": "avcc"},
             },
-            "spec": {"groups": alert_groups(rules)},
+            "spec": {"groups": alert_groups(rules, slo)},
         }
     )
     files["triggerauthentication.yaml"] = to_yaml(_keda_authentication())
@@ -514,8 +526,9 @@ def _rule_labels(rule: LagRule) -> dict[str, str]:
     return labels
 
 
-def alert_groups(rules: Sequence[LagRule]) -> list[dict[str, Any]]:
-    """Prometheus rule groups: the lag rules in PromQL plus the DLQ alert."""
+def alert_groups(rules: Sequence[LagRule], slo: SloSettings) -> list[dict[str, Any]]:
+    """Prometheus rule groups: the lag rules in PromQL, the DLQ and producer alerts, and the
+    time-to-code SLIs and alerts of the objectives (:func:`app.ops.slo.rules.slo_rule_groups`)."""
     lag_rules: list[dict[str, Any]] = [{"record": LAG_SUM, "expr": LAG_SUM_EXPR}]
     for rule in rules:
         selector = _selector(rule)
@@ -585,12 +598,13 @@ def alert_groups(rules: Sequence[LagRule]) -> list[dict[str, Any]]:
         {"name": "avcc-consumer-lag", "rules": lag_rules},
         {"name": "avcc-dlq", "rules": dlq_rules},
         {"name": "avcc-producers", "rules": producer_rules},
+        *slo_rule_groups(slo),
     ]
 
 
-def render_alerts(rules: Sequence[LagRule]) -> str:
+def render_alerts(rules: Sequence[LagRule], slo: SloSettings) -> str:
     """``deploy/prometheus/alerts.yml`` (``promtool check rules`` validates it)."""
-    return HEADER + to_yaml({"groups": alert_groups(rules)})
+    return HEADER + to_yaml({"groups": alert_groups(rules, slo)})
 
 
 def render_prometheus_config() -> str:
@@ -649,8 +663,9 @@ def _panel(
     }
 
 
-def render_dashboard(rules: Sequence[LagRule]) -> str:
-    """``deploy/grafana/avcc.json``: throughput, latency, lag (with the rule thresholds), DLQ."""
+def render_dashboard(rules: Sequence[LagRule], slo: SloSettings) -> str:
+    """``deploy/grafana/avcc.json``: throughput, latency, lag (with the rule thresholds), DLQ, time
+    to code (with the objectives' budgets)."""
     lag = LAG_SUM_EXPR
     q = "histogram_quantile({q}, sum by (le, group) (rate(avcc_event_processing_seconds_bucket[5m])))"
     panels = [
@@ -776,6 +791,30 @@ def render_dashboard(rules: Sequence[LagRule]) -> str:
             x=12,
             y=32,
         ),
+        _panel(
+            12,
+            "Time to code per level (p50 / p99, no person deciding)",
+            [
+                (
+                    f"histogram_quantile({q}, sum by (le, level) "
+                    f'(rate(avcc_time_to_code_seconds_bucket{{review="{REVIEW_AI}"}}[5m])))',
+                    f"p{round(q * 100)} {{{{level}}}}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            x=0,
+            y=40,
+            unit="s",
+        ),
+        _panel(
+            13,
+            "Time-to-code error ratio over 1 h (late or failed answers) and each level's budget",
+            [(ERROR_RATIO.format(window="1h"), "{{level}}")]
+            + [(f"vector({o.budget:g})", f"budget {o.level}") for o in slo.levels()],
+            x=12,
+            y=40,
+            unit="percentunit",
+        ),
     ]
     dashboard = {
         "uid": "avcc-pipeline",
@@ -810,11 +849,11 @@ def render_dashboard(rules: Sequence[LagRule]) -> str:
 
 def render_all() -> dict[str, str]:
     """Every rendered file: repository-relative path -> content."""
-    rules = default_rules()
-    files = render_k8s(rules)
-    files["deploy/prometheus/alerts.yml"] = render_alerts(rules)
+    rules, slo = default_rules(), SloSettings()
+    files = render_k8s(rules, slo)
+    files["deploy/prometheus/alerts.yml"] = render_alerts(rules, slo)
     files["deploy/prometheus/prometheus.yml"] = render_prometheus_config()
-    files["deploy/grafana/avcc.json"] = render_dashboard(rules)
+    files["deploy/grafana/avcc.json"] = render_dashboard(rules, slo)
     return files
 
 

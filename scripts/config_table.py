@@ -18,6 +18,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
     ("app.ops.console.settings", "ConsoleSettings", "console overview and review workbench (ops group)"),
+    ("app.ops.slo.settings", "SloSettings", "time-to-code service levels (console, alert rules)"),
     ("app.supervisor.settings", "SupervisorSettings", "dev stack supervisor (`avcc dev`)"),
     ("app.servers.settings", "EmbeddedKafkaSettings", "embedded Apache Kafka (`avcc dev`, tests, benches)"),
 )

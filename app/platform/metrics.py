@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = [
     "ANOMALIES",
@@ -326,3 +331,71 @@ PRODUCER_DELIVERY_FAILURES = Counter(
     registry=REGISTRY,
 )
 __all__ += ["PRODUCER_DELIVERY_FAILURES"]
+
+
+class ReadGauge(Collector):
+    """A gauge read from its worker when scraped (:attr:`source`, set by the worker that knows the
+    value); no sample while the source has none, so a rule's ``min()`` over replicas skips it."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.source: Callable[[], float | None] = lambda: None
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        """The family, with its one sample when the source has a value."""
+        family = GaugeMetricFamily(self.name, self.documentation)
+        value = self.source()
+        if value is not None:
+            family.add_metric([], value)
+        yield family
+
+
+# --- time to code (app/lifecycle/code/time_to_code.py; the SLOs of app/ops/slo/) ---------------
+#: Upper bounds (s) of the time-to-code histograms: tenths of a second on the fast path (O-level
+#: codes take about 0.3 s), then seconds up to 5 minutes. A service level's target is one of them.
+TIME_TO_CODE_BUCKETS: Final = (
+    *(0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0),
+    *(15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0, 300.0),
+)
+#: Label ``review`` of :data:`TIME_TO_CODE`: no person decided (the AI review's answer stood), or one did.
+REVIEW_AI: Final = "ai"
+REVIEW_HUMAN: Final = "human"
+#: Label ``stage`` of :data:`TIME_TO_CODE_STAGE`, in the order a record goes through them: ``code``
+#: (the accepted application reaching its record), ``review`` (the AI review's answer reaching
+#: the record), ``human_wait`` (waiting for a person's decision), ``chain`` (the approved work
+#: waiting for its chain receipt).
+TIME_TO_CODE_STAGES: Final = ("code", "review", "human_wait", "chain")
+TIME_TO_CODE = Histogram(
+    "avcc_time_to_code_seconds",
+    "Time from an application's acceptance to its final answer, observed once per record: level "
+    "(its final_level), outcome (issued, rejected, chain_failed), review (ai: no person decided; human)",
+    ["level", "outcome", "review"],
+    buckets=TIME_TO_CODE_BUCKETS,
+    registry=REGISTRY,
+)
+TIME_TO_CODE_STAGE = Histogram(
+    "avcc_time_to_code_stage_seconds",
+    "Time a record spent in each stage (code, review, human_wait, chain) of its time to code, "
+    "observed with it",
+    ["level", "stage"],
+    buckets=TIME_TO_CODE_BUCKETS,
+    registry=REGISTRY,
+)
+NEED_HUMAN_OLDEST = ReadGauge(
+    "avcc_need_human_oldest_since_seconds",
+    "Since when (unix time) the longest-waiting need_human record of this code worker's record "
+    "partitions has waited for a person; no sample while none waits",
+    REGISTRY,
+)
+__all__ += [
+    "NEED_HUMAN_OLDEST",
+    "REVIEW_AI",
+    "REVIEW_HUMAN",
+    "TIME_TO_CODE",
+    "TIME_TO_CODE_BUCKETS",
+    "TIME_TO_CODE_STAGE",
+    "TIME_TO_CODE_STAGES",
+    "ReadGauge",
+]

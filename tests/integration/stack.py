@@ -27,10 +27,12 @@ from bench.data import o_level_application
 __all__ = [
     "API_KEY",
     "API_SECRET",
+    "CONSOLE_KEY",
     "CORE_GROUPS",
     "EXPECTED_EVENTS",
     "Stack",
     "application",
+    "console_env",
     "create_topic",
     "issued_exactly_once",
     "record_when",
@@ -42,6 +44,8 @@ CORE_GROUPS = ("code", "review", "chain", "settlement")
 
 API_KEY = "test-partner"
 API_SECRET = "test-secret-0123456789"
+#: The key the console signs its calls to the other workers with (scoped, as in production).
+CONSOLE_KEY = "console"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -228,6 +232,22 @@ class Stack:
 
 def _json(body: Any) -> bytes:
     return orjson.dumps(body) if body is not None else b""
+
+
+def console_env(operator: str, password: str) -> dict[str, str]:
+    """Settings of a stack whose console signs with :data:`CONSOLE_KEY` and lets ``operator`` in."""
+    keys = {
+        API_KEY: API_SECRET,
+        CONSOLE_KEY: {
+            "secret": "console-secret-0123456789",
+            "scopes": ["review:decide", "records:read", "playback:read"],
+        },
+    }
+    return {
+        "AVCC_HMAC_KEYS": json.dumps(keys),
+        "AVCC_OPERATOR_USERS": json.dumps({operator: password}),
+        "AVCC_CONSOLE_KEY_ID": CONSOLE_KEY,
+    }
 
 
 def run_avcc(

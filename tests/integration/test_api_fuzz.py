@@ -45,6 +45,7 @@ V1_ROUTES = {
         "/v1/avcc/applications:batch",
         "/v1/avcc/records/{avcc_record_id}",
         "/v1/avcc/record-counts",
+        "/v1/avcc/time-to-code",
     },
     "review": {"/v1/review/tasks", "/v1/review/tasks/{avcc_record_id}/decision"},
     "settlement": {"/v1/settlement/instructions", "/v1/settlement/instructions/{instruction_id}"},

@@ -9,7 +9,6 @@ token-less POSTs are refused and change nothing.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +22,11 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
 from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, playwright
-from tests.integration.stack import API_KEY, API_SECRET, CORE_GROUPS, Stack, application, record_when
+from tests.integration.stack import CONSOLE_KEY, CORE_GROUPS, Stack, application, console_env, record_when
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(400)]
 
 OPERATOR, PASSWORD = "reviewer-ann", "reviewer-ann-pass"
-CONSOLE_KEY = "console"
 UNKNOWN_MODEL = {"model_name": "home-made-diffuser", "model_version": "v2.1.0"}
 
 
@@ -37,22 +35,8 @@ def console_stack(module_kafka: Any, tmp_path_factory: pytest.TempPathFactory) -
     """The core groups and the ops worker, the console signing with its own scoped key."""
     root = tmp_path_factory.mktemp("console-stack")
     apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
-    keys = {
-        API_KEY: API_SECRET,
-        CONSOLE_KEY: {
-            "secret": "console-secret-0123456789",
-            "scopes": ["review:decide", "records:read", "playback:read"],
-        },
-    }
     stack = Stack(
-        module_kafka.bootstrap,
-        root,
-        env={
-            "AVCC_HMAC_KEYS": json.dumps(keys),
-            "AVCC_OPERATOR_USERS": json.dumps({OPERATOR: PASSWORD}),
-            "AVCC_LAG_INTERVAL_S": "1",
-            "AVCC_CONSOLE_KEY_ID": CONSOLE_KEY,
-        },
+        module_kafka.bootstrap, root, env={**console_env(OPERATOR, PASSWORD), "AVCC_LAG_INTERVAL_S": "1"}
     )
     try:
         stack.start(*CORE_GROUPS)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from app.ops.lag.settings import default_rules
+from app.ops.slo.settings import SloSettings
 from app.platform.groups import GROUPS
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
@@ -90,7 +91,7 @@ def test_one_deployment_per_group_with_probes_on_the_worker_port(render: ModuleT
         assert container["resources"]["requests"] and container["resources"]["limits"]
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
         assert (ROOT / "deploy" / "k8s" / f"deployment-{spec.name}.yaml").is_file()
-    configmap = render._configmap()["data"]
+    configmap = render._configmap(SloSettings())["data"]
     assert {"AVCC_KAFKA_URL", "AVCC_CLICKHOUSE_URL"} <= set(configmap)
     assert configmap["AVCC_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
     secrets = {s["metadata"]["name"]: s["stringData"] for s in render._secret_examples()}
@@ -124,11 +125,41 @@ def test_promtool_accepts_the_rules_and_the_config(promtool: str) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+#: The hand-written promtool tests of the generated rules.
+RULE_TESTS = sorted(PROMETHEUS.glob("*.test.yml"))
+
+
 def test_promtool_rule_unit_tests_pass(promtool: str) -> None:
+    assert [path.name for path in RULE_TESTS] == ["alerts.test.yml", "time_to_code.test.yml"]
     result = subprocess.run(
-        [promtool, "test", "rules", str(PROMETHEUS / "alerts.test.yml")], capture_output=True, text=True
+        [promtool, "test", "rules", *map(str, RULE_TESTS)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_generated_alert_has_a_firing_and_a_silent_promtool_case() -> None:
+    """Each alert rule of alerts.yml (one per alert name and level) is expected to fire in some
+    promtool case and to stay silent in another (an empty expectation, or one that lists other
+    levels only)."""
+    generated = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
+    alerts = {
+        (rule["alert"], rule.get("labels", {}).get("level"))
+        for group in generated
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    firing: set[tuple[str, str | None]] = set()
+    silent: set[tuple[str, str | None]] = set()
+    for path in RULE_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", ()):
+                name = check["alertname"]
+                levels = {alert["exp_labels"].get("level") for alert in check.get("exp_alerts") or ()}
+                firing.update((name, level) for level in levels)
+                silent.update((n, level) for n, level in alerts if n == name and level not in levels)
+    assert alerts - firing == set(), "alerts no promtool case expects to fire"
+    assert alerts - silent == set(), "alerts no promtool case expects to stay silent"
+    assert len(alerts) == 12  # 5 lag, DLQ and producer alerts; 2 burn rates x 3 levels; the human wait
 
 
 def _known_metric_names() -> set[str]:

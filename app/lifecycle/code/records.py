@@ -156,7 +156,8 @@ def _transition(
 def apply_created(
     state: RecordState | None, envelope: Envelope[ApplyCreated], now_ms: int, org: str, node: str
 ) -> RecordState:
-    """The application passed pre-check: fill the record's application facts."""
+    """The application passed pre-check: fill the record's application facts; the record was
+    created when the application was accepted (the event's time)."""
     p = envelope.payload
     before = state or RecordState(avcc_record_id=p.avcc_record_id, created_ms=now_ms)
     after = before.model_copy(
@@ -168,7 +169,7 @@ def apply_created(
             "applicant_id": p.applicant_id,
             "ai_tool_info": p.ai_tool_info.model_dump(),
             "priority": p.priority,
-            "created_ms": before.created_ms or now_ms,
+            "created_ms": envelope.timestamp,
         }
     )
     after = _maybe_issue(after, org, node)

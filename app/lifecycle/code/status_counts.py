@@ -10,6 +10,9 @@ instead keeps the counts of the record partitions this worker holds:
   callback knowing the old and the new status (:meth:`StatusCounts.moved`), which the batch
   runtime calls once the write is in the table's changelog and the local store.
 
+Beside the counts it keeps, the same way, since when each ``need_human`` record has waited for a
+person, so the oldest wait is known without a scan (:meth:`StatusCounts.oldest_waiting_ms`).
+
 The scan yields to the event loop, so records are written while it runs. Each store partition is
 read from an iterator, a snapshot taken when the scan reaches that partition; a write made
 meanwhile is logged with the record's version (the length of its history, which every write
@@ -32,6 +35,9 @@ from itertools import islice
 from typing import Any, Final
 
 import orjson
+
+from app.lifecycle.code.records import RecordState
+from app.lifecycle.code.time_to_code import waiting_since
 
 __all__ = ["SLICE", "ReplicaCounts", "StatusCounts", "merge_replicas", "stored_status"]
 
@@ -63,11 +69,22 @@ def _status_and_version(raw: bytes) -> tuple[str | None, int]:
     return (status if isinstance(status, str) else None), len(record.get("history") or ())
 
 
+def _waiting_since(raw: bytes) -> int | None:
+    try:
+        return waiting_since(RecordState.model_validate_json(raw))
+    except ValueError:  # not a record (pydantic's ValidationError is one)
+        return None
+
+
+#: One durable write: old status, new status, version of new, since when it waits for a person.
+_Move = tuple[str | None, str | None, int, int | None]
+
+
 @dataclass(slots=True)
 class _ScanLog:
-    """Moves made while a scan runs: key -> ``[(old, new, version of new)]`` in write order."""
+    """Moves made while a scan runs: key -> ``[move]`` in write order."""
 
-    moves: dict[str, list[tuple[str | None, str | None, int]]] = field(default_factory=dict)
+    moves: dict[str, list[_Move]] = field(default_factory=dict)
 
 
 class StatusCounts:
@@ -76,6 +93,7 @@ class StatusCounts:
     def __init__(self, slice_size: int = SLICE) -> None:
         self.slice_size = slice_size
         self._counts: Counter[str] | None = None
+        self._waiting: dict[str, int] = {}
         self._partitions: tuple[int, ...] = ()
         self._generation = 0
         self._scan: _ScanLog | None = None
@@ -92,20 +110,32 @@ class StatusCounts:
             return None
         return self._partitions, {status: n for status, n in sorted(self._counts.items()) if n}
 
+    def oldest_waiting_ms(self) -> int | None:
+        """Since when the longest-waiting ``need_human`` record has waited; ``None`` when none
+        waits or until rebuilt after the last assignment."""
+        if self._counts is None:
+            return None
+        return min(self._waiting.values(), default=None)
+
     def invalidate(self) -> None:
         """The worker's partitions changed: the counts wait for the next rebuild (a scan running
         now gives up)."""
         self._generation += 1
         self._counts = None
+        self._waiting = {}
         self._scan = None
 
-    def moved(self, key: str, old: str | None, new: str | None, version: int) -> None:
+    def moved(
+        self, key: str, old: str | None, new: str | None, version: int, waiting_since_ms: int | None = None
+    ) -> None:
         """Record ``key`` went from ``old`` to ``new`` (``None``: absent) in a durable write that
-        made it version ``version``."""
+        made it version ``version``; ``waiting_since_ms``: since when it waits for a person
+        (:func:`~app.lifecycle.code.time_to_code.waiting_since` of the new record)."""
+        move = (old, new, version, waiting_since_ms)
         if self._scan is not None:
-            self._scan.moves.setdefault(key, []).append((old, new, version))
+            self._scan.moves.setdefault(key, []).append(move)
         if self._counts is not None:
-            _move(self._counts, old, new)
+            _move(self._counts, self._waiting, key, move)
 
     async def rebuild(self, partitions: Sequence[int], items: RawItems) -> bool:
         """Count the stored records of ``partitions`` (what ``items`` iterates); whether the
@@ -116,6 +146,7 @@ class StatusCounts:
             generation = self._generation
             log = self._scan = _ScanLog()
             counts: Counter[str] = Counter()
+            waiting: dict[str, int] = {}
             observed: dict[str, int] = {}
             try:
                 values = iter(items())
@@ -128,6 +159,8 @@ class StatusCounts:
                             status = stored_status(raw)
                         if status is not None:
                             counts[status] += 1
+                        if status == "need_human" and (since := _waiting_since(raw)) is not None:
+                            waiting[name] = since
                     await asyncio.sleep(0)
                     if generation != self._generation:
                         return False
@@ -140,18 +173,24 @@ class StatusCounts:
                 return False
             for name, moves in log.moves.items():
                 seen = observed.get(name, -1)
-                for old, new, version in moves:
-                    if version > seen:
-                        _move(counts, old, new)
-            self._counts, self._partitions = counts, tuple(sorted(partitions))
+                for move in moves:
+                    if move[2] > seen:
+                        _move(counts, waiting, name, move)
+            self._counts, self._waiting = counts, waiting
+            self._partitions = tuple(sorted(partitions))
             return True
 
 
-def _move(counts: Counter[str], old: str | None, new: str | None) -> None:
+def _move(counts: Counter[str], waiting: dict[str, int], key: str, move: _Move) -> None:
+    old, new, _, since = move
     if old is not None:
         counts[old] -= 1
     if new is not None:
         counts[new] += 1
+    if since is None:
+        waiting.pop(key, None)
+    else:
+        waiting[key] = since
 
 
 @dataclass(frozen=True, slots=True)

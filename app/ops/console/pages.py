@@ -7,18 +7,21 @@ Every value from a worker, a record or a report is escaped.
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.ops.console.charts import sparkline
 from app.ops.console.groups import groups_table, rate_text
+from app.ops.console.levels import service_levels_html
 from app.ops.console.rates import OffsetHistory, rate_series
 from app.ops.console.workbench import ROUTE_REVIEW
 from app.ops.dlq.entries import STATUSES as DLQ_STATUSES
 from app.ops.dlq.pages import ROUTE_LIST as ROUTE_DLQ
 from app.ops.dlq.pages import page
 from app.ops.lag.monitor import LagReport
+from app.ops.slo.settings import SloSettings
 
 __all__ = ["RECORD_STATUSES", "ROUTE_HOME", "Overview", "overview_html"]
 
@@ -43,6 +46,10 @@ class Overview:
     record_replicas: Sequence[Mapping[str, Any]] = ()
     #: Record partitions no replica counted (a silent replica's, or ones without an owner yet).
     missing_partitions: Sequence[int] = ()
+    #: The code group's last hour (``GET /v1/avcc/time-to-code``), judged by ``objectives``.
+    time_to_code: Mapping[str, Any] | None = None
+    objectives: SloSettings = field(default_factory=SloSettings)
+    now_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
 
 def _topics(history: OffsetHistory) -> str:
@@ -137,13 +144,16 @@ def _anomalies(overview: Overview) -> str:
 
 
 def overview_html(overview: Overview, user: str) -> str:
-    """``GET /``: groups and topics with status, lag, rates and charts; records, DLQ, anomalies."""
+    """``GET /``: time to code per level and the wait for a person; groups and topics with status,
+    lag, rates and charts; records, DLQ, anomalies."""
     parts = [
         "<p class='muted'>Charts are drawn on the server (SVG) from the lag monitor's offset history; "
         "rates are averages over the last minute.</p>"
     ]
     for what, message in sorted(overview.errors.items()):
         parts.append(f"<p class='flash error' data-part='{_e(what)}'>{_e(what)}: {_e(message)}</p>")
+    waiting = overview.records.get("need_human", 0) if overview.records is not None else None
+    parts.append(service_levels_html(overview.time_to_code, overview.objectives, overview.now_ms, waiting))
     if overview.report is None:
         parts.append("<p id='no-snapshot'>No lag snapshot yet; the monitor takes its first one shortly.</p>")
     else:

@@ -17,7 +17,7 @@ from typing import Any
 import faust
 from aiohttp import web
 
-from app.api import ANOMALIES, DECIDE, RECORD_COUNTS
+from app.api import ANOMALIES, DECIDE, RECORD_COUNTS, TIME_TO_CODE
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import ROUTE_HOME, Overview, overview_html
 from app.ops.console.peers import PeerError, Peers
@@ -27,6 +27,7 @@ from app.ops.console.workbench import ROUTE_DECIDE, ROUTE_REVIEW, WorkbenchQuery
 from app.ops.dlq.console import DlqConsole, Handler, faust_view
 from app.ops.dlq.entries import DlqError
 from app.ops.lag.monitor import LagMonitor
+from app.ops.slo.settings import SloSettings
 
 __all__ = ["ConsoleHome", "install_home"]
 
@@ -52,6 +53,7 @@ class ConsoleHome:
         self.monitor = monitor
         self.peers = Peers(dlq.settings, self.config)
         self.tokens = tokens if tokens is not None else FormTokens(ttl_s=self.config.form_token_ttl_s)
+        self.objectives = SloSettings()
         #: The code replicas the last record counts named: asked when the configured one is away.
         self.code_replicas: list[str] = []
 
@@ -62,15 +64,15 @@ class ConsoleHome:
             errors[group] = str(exc)
             return None
 
-    async def _record_counts(self, errors: dict[str, str]) -> Any:
-        """Records by status from any code replica (each merges every replica's counts): the
+    async def _from_code(self, path: str, part: str, errors: dict[str, str]) -> Any:
+        """A summary any code replica answers for all (it merges every replica's part): from the
         configured one, else a replica the group's assignment named in an earlier answer."""
         configured = self.config.peer_url(self.peers.settings, "code")
         others = [url for url in self.code_replicas if url != configured]
         try:
-            answer = await self.peers.get_from_any("code", RECORD_COUNTS.path, others)
+            answer = await self.peers.get_from_any("code", path, others)
         except PeerError as exc:
-            errors["code"] = str(exc)
+            errors[part] = str(exc)
             return None
         self.code_replicas = [str(r["url"]) for r in answer.get("replicas", ()) if r.get("url")]
         return answer
@@ -78,8 +80,10 @@ class ConsoleHome:
     async def home(self, request: web.Request, user: str) -> web.StreamResponse:
         """``GET /``."""
         errors: dict[str, str] = {}
-        counts, anomalies = await asyncio.gather(
-            self._record_counts(errors), self._peer("sink", _ANOMALIES, errors)
+        counts, times, anomalies = await asyncio.gather(
+            self._from_code(RECORD_COUNTS.path, "code", errors),
+            self._from_code(TIME_TO_CODE.path, "time to code", errors),
+            self._peer("sink", _ANOMALIES, errors),
         )
         try:
             dlq_counts: Mapping[str, int] | None = self.dlq.store.counts()
@@ -95,6 +99,8 @@ class ConsoleHome:
             missing_partitions=counts.get("missing_partitions", ()) if counts else (),
             anomalies=anomalies["anomalies"] if anomalies else (),
             errors=errors,
+            time_to_code=times,
+            objectives=self.objectives,
         )
         return web.Response(text=overview_html(overview, user), content_type="text/html")
 

@@ -29,6 +29,8 @@ __all__ = [
     "ROUTE_REVIEW",
     "WAITING",
     "WorkbenchQuery",
+    "age_text",
+    "utc_text",
     "workbench_html",
 ]
 
@@ -103,13 +105,14 @@ class WorkbenchQuery:
         return f"{TASKS.path}?{urlencode(params, safe=':')}"
 
 
-def _utc(ms: int) -> tuple[str, str]:
+def utc_text(ms: int) -> tuple[str, str]:
     """``(ISO 8601, readable)`` of epoch milliseconds, in UTC."""
     at = time.gmtime(ms / 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", at), time.strftime("%Y-%m-%d %H:%M:%S UTC", at)
 
 
-def _age(seconds: float) -> str:
+def age_text(seconds: float) -> str:
+    """A wait in whole minutes, hours or days (``14 min``, ``2 h 5 min``, ``3 d 4 h``)."""
     minutes = max(0, int(seconds // 60))
     if minutes < 60:
         return f"{minutes} min"
@@ -153,8 +156,8 @@ def _task_row(task: Mapping[str, Any], token: str, back: str, now_ms: int) -> st
     tool = task.get("ai_tool_info") or {}
     submitted = task.get("submitted_ms") or task.get("created_ms")
     if isinstance(submitted, int):
-        iso, readable = _utc(submitted)
-        waited = _age((now_ms - int(task.get("created_ms") or submitted)) / 1000)
+        iso, readable = utc_text(submitted)
+        waited = age_text((now_ms - int(task.get("created_ms") or submitted)) / 1000)
         when = f"<time class='submitted' datetime='{iso}'>{readable}</time><br>waiting {_e(waited)}"
     else:
         when = "<span class='muted'>—</span>"

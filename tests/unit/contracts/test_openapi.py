@@ -56,6 +56,7 @@ def test_each_operation_is_mounted_by_exactly_one_agent_and_no_v1_route_bypasses
         "APPLY_BATCH",
         "RECORD",
         "RECORD_COUNTS",
+        "TIME_TO_CODE",
         "TASKS",
         "DECIDE",
         "SUBMIT_INSTRUCTION",

@@ -12,6 +12,7 @@ import pytest
 
 from app.lifecycle.code.records import HistoryEntry, RecordState
 from app.lifecycle.code.status_counts import ReplicaCounts, StatusCounts, merge_replicas, stored_status
+from app.lifecycle.code.time_to_code import waiting_since
 
 STATUSES = ("submitted", "need_human", "approved", "issued", "rejected", "chain_failed")
 
@@ -23,6 +24,7 @@ class Store:
     def __init__(self, counts: StatusCounts, partitions: int = 3) -> None:
         self.counts = counts
         self.dbs: list[dict[str, bytes]] = [{} for _ in range(partitions)]
+        self.now_ms = 0
 
     def write(self, record_id: int, status: str) -> None:
         key = str(record_id)
@@ -30,10 +32,19 @@ class Store:
         raw = db.get(key)
         old = RecordState.model_validate_json(raw) if raw else None
         before = old or RecordState(avcc_record_id=record_id)
-        entry = HistoryEntry(at_ms=1, status=status, event="e", event_id=f"{key}-{len(before.history)}")
-        new = before.model_copy(update={"status": status, "history": (*before.history, entry)})
+        self.now_ms += 1
+        event_id = f"{key}-{len(before.history)}"
+        entry = HistoryEntry(at_ms=self.now_ms, status=status, event="e", event_id=event_id)
+        update = {"status": status, "history": (*before.history, entry), "updated_ms": self.now_ms}
+        new = before.model_copy(update=update)
         db[key] = new.model_dump_json().encode()
-        self.counts.moved(key, old.status if old else None, status, len(new.history))
+        self.counts.moved(key, old.status if old else None, status, len(new.history), waiting_since(new))
+
+    def records(self) -> list[RecordState]:
+        return [RecordState.model_validate_json(raw) for db in self.dbs for raw in db.values()]
+
+    def oldest_waiting(self) -> int | None:
+        return min((s for r in self.records() if (s := waiting_since(r)) is not None), default=None)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         for db in self.dbs:
@@ -41,7 +52,7 @@ class Store:
             yield from ((key.encode(), raw) for key, raw in snapshot.items())
 
     def truth(self) -> dict[str, int]:
-        found = Counter(RecordState.model_validate_json(raw).status for db in self.dbs for raw in db.values())
+        found = Counter(record.status for record in self.records())
         return dict(sorted(found.items()))
 
 
@@ -62,17 +73,27 @@ async def test_counts_are_rebuilt_then_moved_by_writes() -> None:
     assert counts.snapshot() is None  # nothing counted before the first rebuild
     assert await counts.rebuild([0, 2, 4], store.items)
     assert counts.snapshot() == ((0, 2, 4), store.truth())
+    assert counts.oldest_waiting_ms() == store.oldest_waiting() == 1  # record 1 waits since the first write
     store.write(1, "issued")
     store.write(99, "submitted")
+    store.write(98, "need_human")
+    store.write(98, "need_human")  # still waiting, since its first need_human write
     assert counts.snapshot() == ((0, 2, 4), store.truth())
+    assert counts.oldest_waiting_ms() == store.oldest_waiting() == 4  # record 4, since the 4th write
+    for record_id in range(1, 21):
+        store.write(record_id, "issued")
+    assert counts.oldest_waiting_ms() == store.oldest_waiting() == 23  # record 98, since its first
+    store.write(98, "approved")
+    assert counts.oldest_waiting_ms() is None and store.oldest_waiting() is None
     counts.invalidate()
-    assert counts.snapshot() is None and not counts.ready
+    assert counts.snapshot() is None and not counts.ready and counts.oldest_waiting_ms() is None
 
 
 @pytest.mark.parametrize("seed", range(40))
 async def test_a_scan_racing_writes_counts_each_record_once(seed: int) -> None:
     """Writes land between the scan's slices, on partitions read before or after, on records
-    read before or after, twice on one record: the result is what the store holds at the end."""
+    read before or after, twice on one record: the result is what the store holds at the end,
+    the oldest wait for a person included."""
     rng = random.Random(seed)
     counts = StatusCounts(slice_size=rng.choice([1, 3, 7]))
     store = Store(counts, partitions=rng.choice([1, 3, 6]))
@@ -88,6 +109,7 @@ async def test_a_scan_racing_writes_counts_each_record_once(seed: int) -> None:
     built, _ = await asyncio.gather(counts.rebuild([0, 1], store.items), writer())
     assert built
     assert counts.snapshot() == ((0, 1), store.truth())
+    assert counts.oldest_waiting_ms() == store.oldest_waiting()
 
 
 async def test_a_rebalance_during_the_scan_gives_it_up() -> None:

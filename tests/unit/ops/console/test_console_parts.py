@@ -11,6 +11,7 @@ from app.ops.console.rates import OffsetHistory, rate_series
 from app.ops.console.settings import ConsoleSettings
 from app.ops.console.workbench import PAGE_SIZE, WorkbenchQuery, workbench_html
 from app.ops.lag.snapshot import LagSnapshot, PartitionOffsets
+from app.platform.metrics import TIME_TO_CODE_BUCKETS
 from app.platform.settings import Settings
 
 
@@ -92,6 +93,46 @@ def test_overview_names_a_silent_code_replica_with_its_partitions() -> None:
     assert "id='records-unowned' data-partitions='4'" in text  # no owner: not the silent replica's
     assert "Counted by http://127.0.0.1:6067 (0, 2)." in text
     assert "<tr data-status=\"issued\"><td>issued</td><td class='n'>4</td></tr>" in text
+
+
+def test_overview_shows_time_to_code_per_level_and_the_oldest_wait_for_a_person() -> None:
+    bounds = list(TIME_TO_CODE_BUCKETS)
+    late = [0] * bounds.index(90.0) + [1] * (len(bounds) - bounds.index(90.0) + 1)  # 61-90 s
+    times = {
+        "bounds": bounds,
+        "series": [
+            {"level": "O", "outcome": "issued", "review": "ai", "buckets": [0, 0, 3, *[4] * 22], "sum": 1.2},
+            {"level": "G", "outcome": "issued", "review": "ai", "buckets": late, "sum": 7.0},
+        ],
+        "stages": [{"level": "G", "stage": "chain", "count": 1, "sum": 6.5}],
+        "oldest_need_human_ms": 1_000_000,
+        "missing_partitions": [5],
+    }
+    now_ms = 1_000_000 + 2 * 3600 * 1000  # the oldest has waited 2 h, past the hour allowed
+    overview = Overview(None, OffsetHistory(), {}, {"need_human": 3}, time_to_code=times, now_ms=now_ms)
+    text = overview_html(overview, "alice")
+    o_row = "<tr data-level='O' data-answered='4' data-in-time='4' data-p50-s='0.26666666666666666'"
+    assert o_row + " data-p99-s='0.396' data-compliance='1.0' data-budget-left='1.0'>" in text
+    assert (
+        "<td>O</td><td>99 % within 5 s</td><td>4</td><td>0.27 s</td><td>0.40 s</td><td>100.0 %</td>" in text
+    )
+    g_row = text[text.index("<tr data-level='G'") :].split("</tr>")[0]
+    assert "data-in-time='0' data-p50-s='75.0'" in g_row and "<td>0.0 %</td>" in g_row
+    assert "data-budget-left='-99.0'" in g_row and "<td class='error'>-9900.0 %</td>" in g_row
+    assert "<td>chain (mean 6.50 s)</td>" in g_row
+    assert "<tr data-level='P' data-answered='0' data-in-time='0'>" in text  # nothing answered: no figures
+    wait = text[text.index("<p id='human-wait'") :].split("</p>")[0]
+    assert "class='flash error' data-since-ms='1000000'" in wait
+    assert "3 works wait for a person; the oldest has waited <b>2 h 0 min</b>" in wait
+    assert "<a href='/review'>review workbench</a>" in wait
+    assert "id='waits-unknown'" in text
+    calm = overview_html(
+        Overview(None, OffsetHistory(), {}, {}, time_to_code={**times, "oldest_need_human_ms": None}), "a"
+    )
+    assert "No work waits for a person" in calm
+    assert "Time to code, last hour</h2><p class='flash error'>unavailable" in overview_html(
+        Overview(None, OffsetHistory(), {}, {}), "a"
+    )
 
 
 def test_workbench_forms_carry_token_and_escape_evidence() -> None:
