@@ -170,7 +170,7 @@ async def handle_record_event(envelope: Envelope[Any]) -> Effects:
 def record_written(key: str, old_status: str | None, new: RecordState) -> None:
     """After a durable record write: move the counts, and observe the record's time to code if
     this write gave it its final answer."""
-    record_counts.moved(key, old_status, new.status, len(new.history), waiting_since(new))
+    record_counts.moved(key, old_status, new.status, new.transitions, waiting_since(new))
     answer = final_answer(old_status, new)
     if answer is not None:
         time_to_code.observe(answer)

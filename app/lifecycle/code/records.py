@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.lifecycle.code.avcc_code import issue_code
 from app.platform.faust.dedup import SeenEvents
@@ -87,7 +87,18 @@ class RecordState(BaseModel):
     created_ms: int | None = None
     updated_ms: int | None = None
     history: tuple[HistoryEntry, ...] = ()
+    #: Transitions the record has taken (its history keeps the first and the latest only): its
+    #: version, one more at every write.
+    transitions: int = 0
     seen: dict[str, int] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_transitions(cls, data: Any) -> Any:
+        """A record stored before the count: each of its transitions is in its history."""
+        if isinstance(data, dict) and "transitions" not in data:
+            return {**data, "transitions": len(data.get("history") or ())}
+        return data
 
     def public(self) -> dict[str, Any]:
         """The record as the HTTP API shows it (without the dedup bookkeeping)."""
@@ -148,6 +159,7 @@ def _transition(
             "status": status,
             "updated_ms": now_ms,
             "history": capped((*before.history, entry)),
+            "transitions": before.transitions + 1,
             "seen": SEEN.remember(before.seen, str(envelope.event_id), now_ms),
         }
     )

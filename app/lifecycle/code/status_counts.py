@@ -15,8 +15,8 @@ person, so the oldest wait is known without a scan (:meth:`StatusCounts.oldest_w
 
 The scan yields to the event loop, so records are written while it runs. Each store partition is
 read from an iterator, a snapshot taken when the scan reaches that partition; a write made
-meanwhile is logged with the record's version (the length of its history, which every write
-extends by one entry). After the scan, a logged move is applied unless the snapshot already held
+meanwhile is logged with the record's version (its ``transitions``, which every write
+increases by one). After the scan, a logged move is applied unless the snapshot already held
 it: a key not yet moved when the scan read it has every later move applied, a key already moved
 is read whole and only the moves past the version it showed are applied. No lock is taken and no
 event waits for the scan.
@@ -66,7 +66,8 @@ def _status_and_version(raw: bytes) -> tuple[str | None, int]:
     except orjson.JSONDecodeError:
         return None, -1
     status = record.get("status")
-    return (status if isinstance(status, str) else None), len(record.get("history") or ())
+    version = record.get("transitions", len(record.get("history") or ()))
+    return (status if isinstance(status, str) else None), int(version)
 
 
 def _waiting_since(raw: bytes) -> int | None:

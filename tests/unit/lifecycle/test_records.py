@@ -114,3 +114,12 @@ def test_a_record_keeps_its_application_and_its_latest_transitions_however_many_
     assert [h.at_ms for h in state.history[1:]] == list(range(len(events) - HISTORY_LIMIT + 1, len(events)))
     # what left the history is still recognised as processed
     assert all(is_duplicate(state, envelope) for _, envelope in events)
+
+
+def test_a_record_s_version_grows_with_every_transition_its_history_kept_or_not() -> None:
+    events: list[tuple[str, Envelope[Any]]] = [("apply", applied())]
+    events += [("review", reviewed("need_human")) for _ in range(HISTORY_LIMIT + 4)]
+    states = replay(events)
+    assert [s.transitions for s in states] == list(range(1, len(events) + 1))
+    stored_before_the_count = states[1].model_dump(exclude={"transitions"})
+    assert RecordState.model_validate(stored_before_the_count).transitions == 2

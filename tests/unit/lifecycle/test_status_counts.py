@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.lifecycle.code.records import HistoryEntry, RecordState
+from app.lifecycle.code.records import HISTORY_LIMIT, HistoryEntry, RecordState, capped
 from app.lifecycle.code.status_counts import ReplicaCounts, StatusCounts, merge_replicas, stored_status
 from app.lifecycle.code.time_to_code import waiting_since
 
@@ -35,10 +35,15 @@ class Store:
         self.now_ms += 1
         event_id = f"{key}-{len(before.history)}"
         entry = HistoryEntry(at_ms=self.now_ms, status=status, event="e", event_id=event_id)
-        update = {"status": status, "history": (*before.history, entry), "updated_ms": self.now_ms}
+        update = {
+            "status": status,
+            "history": capped((*before.history, entry)),
+            "transitions": before.transitions + 1,
+            "updated_ms": self.now_ms,
+        }
         new = before.model_copy(update=update)
         db[key] = new.model_dump_json().encode()
-        self.counts.moved(key, old.status if old else None, status, len(new.history), waiting_since(new))
+        self.counts.moved(key, old.status if old else None, status, new.transitions, waiting_since(new))
 
     def records(self) -> list[RecordState]:
         return [RecordState.model_validate_json(raw) for db in self.dbs for raw in db.values()]
@@ -110,6 +115,26 @@ async def test_a_scan_racing_writes_counts_each_record_once(seed: int) -> None:
     assert built
     assert counts.snapshot() == ((0, 1), store.truth())
     assert counts.oldest_waiting_ms() == store.oldest_waiting()
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_a_scan_racing_writes_to_records_past_their_history_limit_counts_each_once(seed: int) -> None:
+    """Records whose history is capped still show every write as a new version."""
+    rng = random.Random(seed)
+    counts = StatusCounts(slice_size=rng.choice([1, 2, 3]))
+    store = Store(counts, partitions=3)
+    for record_id in range(1, 7):
+        for _ in range(HISTORY_LIMIT + 2):
+            store.write(record_id, rng.choice(STATUSES))
+
+    async def writer() -> None:
+        for _ in range(60):
+            store.write(rng.randint(1, 6), rng.choice(STATUSES))
+            await asyncio.sleep(0)
+
+    built, _ = await asyncio.gather(counts.rebuild([0, 1, 2], store.items), writer())
+    assert built
+    assert counts.snapshot() == ((0, 1, 2), store.truth())
 
 
 async def test_a_rebalance_during_the_scan_gives_it_up() -> None:
