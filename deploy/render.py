@@ -100,6 +100,41 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
     "gateway": ("250m", "256Mi", "768Mi"),
 }
 DEFAULT_RESOURCES = ("250m", "384Mi", "1Gi")
+#: The groups that keep local state in their data dir (``AVCC_DATA_DIR``; ``tables/<group>.py``
+#: says what) run as StatefulSets, each replica on a volume of its own of this size, so a restart,
+#: a roll or a drain finds its stores and replays only the changelogs' tail. Sized for 1,000,000
+#: works: with standbys a replica may hold every partition of its tables (its own and its peers'
+#: copies), and RocksDB's compactions write a level beside the one they replace (about 2x).
+DATA_VOLUMES: dict[str, str] = {
+    # records ~1.4 KB per work (RecordState with its history and seen ids) + claims: ~1.6 GB
+    "code": "5Gi",
+    # one ReviewTask per work with its AI report: ~1 GB
+    "review": "3Gi",
+    # reviews-seen and submissions: a few hundred bytes per work
+    "chain": "2Gi",
+    # one Clearing per settlement instruction, fewer than works
+    "settlement": "1Gi",
+    # window snapshots, one per owned partition and capped: independent of the works
+    "anomaly": "1Gi",
+    # the DLQ index: grows with the dead letters only
+    "ops": "1Gi",
+}
+#: Groups whose state is faust tables (restored from their changelogs, so standbys can keep them warm).
+FAUST_TABLE_GROUPS = frozenset({"code", "review", "chain", "settlement"})
+#: Warm copies of each table partition on another replica: the failover of an owner then serves
+#: from the copy after replaying the tail, not after a rebuild (the dev stack keeps the default 0).
+STANDBY_REPLICAS = 1
+#: A worker exits within ``AVCC_WORKER_STOP_S`` of SIGTERM, even with its broker gone (faust alone
+#: would wait 60 s); the pod's grace period must exceed it, with room to close the stores and exit,
+#: so the kubelet never SIGKILLs a stopping worker and a roll never turns into a crash.
+WORKER_STOP_S: float = Settings.model_fields["worker_stop_s"].default
+TERMINATION_GRACE_S = 30
+#: Measured cold rebuild of a code worker: ~100,000 changelog records/s, two records per work, so a
+#: million works recover in 20-30 s. The startup probe allows 10 minutes (about 20x: a slow volume,
+#: a busy broker) before the kubelet restarts the worker; a recovery that reads nothing stops sooner
+#: on its own (``AVCC_WORKER_STALL_S``). Liveness is probed only once the worker is ready.
+STARTUP_PERIOD_S = 10
+RECOVERY_BUDGET_S = 600
 
 
 # ----------------------------------------------------------------------------- Kubernetes
@@ -113,87 +148,232 @@ def _port(spec: GroupSpec) -> int:
     return int(BASE_PORT) + spec.port_offset
 
 
-def _deployment(spec: GroupSpec) -> dict[str, Any]:
+def _stateful(spec: GroupSpec) -> bool:
+    return spec.name in DATA_VOLUMES
+
+
+def _workload_kind(spec: GroupSpec) -> str:
+    """``StatefulSet`` for a group with local state, else ``Deployment``."""
+    return "StatefulSet" if _stateful(spec) else "Deployment"
+
+
+def _name(spec: GroupSpec) -> str:
+    return f"avcc-{spec.name}"
+
+
+def _peers_name(spec: GroupSpec) -> str:
+    """The headless Service of a StatefulSet group: its pods' stable DNS names."""
+    return f"{_name(spec)}-peers"
+
+
+def workload_file(spec: GroupSpec) -> str:
+    """The rendered file of ``spec``'s workload and the resources that go with it."""
+    return f"{_workload_kind(spec).lower()}-{spec.name}.yaml"
+
+
+def _metadata(spec: GroupSpec, name: str | None = None) -> dict[str, Any]:
+    return {"name": name or _name(spec), "namespace": NAMESPACE, "labels": _labels(spec.name)}
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _field_env(name: str, field: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
+
+
+def _worker_env(spec: GroupSpec) -> list[dict[str, Any]]:
+    """A worker's own settings (Kubernetes expands ``$(VAR)`` of variables listed before it;
+    the worker fills ``{port}`` with its port)."""
+    if _stateful(spec):
+        # Peers reach the pod at its stable name, which follows it across restarts and volumes;
+        # the same name is its static consumer-group identity (KIP-345): a pod back within the
+        # session timeout gets its partitions again without a rebalance.
+        identity = [
+            _field_env("POD_NAME", "metadata.name"),
+            _env(
+                "AVCC_WEB_ADVERTISED_URL",
+                f"http://$(POD_NAME).{_peers_name(spec)}.{NAMESPACE}.svc:{{port}}",
+            ),
+            _env("AVCC_KAFKA_GROUP_INSTANCE_ID", "$(POD_NAME)"),
+        ]
+    else:  # bind every interface (ConfigMap), announce the pod's own IP
+        identity = [
+            _field_env("POD_IP", "status.podIP"),
+            _env("AVCC_WEB_ADVERTISED_URL", "http://$(POD_IP):{port}"),
+        ]
+    env = [*identity, _env("AVCC_WORKER_STOP_S", f"{WORKER_STOP_S:g}")]
+    if spec.name in FAUST_TABLE_GROUPS:  # here, not in the ConfigMap: only these groups have faust tables
+        env.append(_env("AVCC_TABLE_STANDBY_REPLICAS", str(STANDBY_REPLICAS)))
+    if spec.name == "chain":
+        env += _ledger_client_env()
+    return env
+
+
+def _probes(spec: GroupSpec) -> dict[str, Any]:
+    health = {"httpGet": {"path": "/health", "port": "web"}, "timeoutSeconds": 5}
+    ready = {"httpGet": {"path": "/ready", "port": "web"}, "timeoutSeconds": 5}
+    startup = (
+        {
+            **ready,
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": RECOVERY_BUDGET_S // STARTUP_PERIOD_S,
+        }
+        if _stateful(spec)
+        else {**health, "periodSeconds": 5, "failureThreshold": 60}
+    )
+    return {
+        "startupProbe": startup,
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
+        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def _pod_template(spec: GroupSpec) -> dict[str, Any]:
+    """The pod of one worker of ``spec``; a Deployment's keeps its data dir in an emptyDir."""
     cpu, memory, memory_limit = RESOURCES.get(spec.name, DEFAULT_RESOURCES)
     port = _port(spec)
-    probe = {"httpGet": {"path": "/health", "port": "web"}}
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "kafka-tls", "secret": {"secretName": KAFKA_TLS_SECRET}},
+    ]
+    if not _stateful(spec):  # stateless: nothing in the data dir outlives the pod
+        volumes.insert(0, {"name": "data", "emptyDir": {}})
+    return {
+        "metadata": {
+            "labels": _labels(spec.name),
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+            "securityContext": POD_SECURITY,
+            "containers": [
+                {
+                    "name": spec.name,
+                    "image": IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": ["worker", spec.name],
+                    "ports": [{"name": "web", "containerPort": port, "protocol": "TCP"}],
+                    "envFrom": [
+                        {"configMapRef": {"name": CONFIGMAP}},
+                        {"secretRef": {"name": SECRET}},
+                        # the group's own Kafka principal (least privilege, `avcc kafka acls`)
+                        {"secretRef": {"name": kafka_login_secret(spec.name)}},
+                    ],
+                    "env": _worker_env(spec),
+                    **_probes(spec),
+                    "resources": {
+                        "requests": {"cpu": cpu, "memory": memory},
+                        "limits": {"cpu": "1", "memory": memory_limit},
+                    },
+                    "securityContext": CONTAINER_SECURITY,
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": DATA_DIR},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                        {"name": "kafka-tls", "mountPath": KAFKA_TLS_DIR, "readOnly": True},
+                    ],
+                }
+            ],
+            "volumes": volumes,
+        },
+    }
+
+
+def _controller(spec: GroupSpec, kind: str, **fields: Any) -> dict[str, Any]:
+    """A ``kind`` (Deployment, StatefulSet) of ``spec``'s workers, from one replica (KEDA scales)."""
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": f"avcc-{spec.name}", "namespace": NAMESPACE, "labels": _labels(spec.name)},
+        "kind": kind,
+        "metadata": _metadata(spec),
         "spec": {
             "replicas": 1,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": _labels(spec.name)},
-            # One worker at a time: every new member costs the whole group a rebalance.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {
-                    "labels": _labels(spec.name),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(port),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {
-                    # faust commits offsets and flushes changelogs on SIGTERM.
-                    "terminationGracePeriodSeconds": 60,
-                    "securityContext": POD_SECURITY,
-                    "containers": [
-                        {
-                            "name": spec.name,
-                            "image": IMAGE,
-                            "imagePullPolicy": "IfNotPresent",
-                            "args": ["worker", spec.name],
-                            "ports": [{"name": "web", "containerPort": port, "protocol": "TCP"}],
-                            "envFrom": [
-                                {"configMapRef": {"name": CONFIGMAP}},
-                                {"secretRef": {"name": SECRET}},
-                                # the group's own Kafka principal (least privilege, `avcc kafka acls`)
-                                {"secretRef": {"name": kafka_login_secret(spec.name)}},
-                            ],
-                            # Bind every interface (ConfigMap), announce the pod's own IP to peers.
-                            "env": [
-                                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                                {"name": "AVCC_WEB_ADVERTISED_URL", "value": "http://$(POD_IP):{port}"},
-                                *(_ledger_client_env() if spec.name == "chain" else []),
-                            ],
-                            "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
-                            "livenessProbe": {
-                                **probe,
-                                "periodSeconds": 10,
-                                "timeoutSeconds": 5,
-                                "failureThreshold": 6,
-                            },
-                            "readinessProbe": {
-                                "httpGet": {"path": "/ready", "port": "web"},
-                                "periodSeconds": 5,
-                                "timeoutSeconds": 5,
-                                "failureThreshold": 3,
-                            },
-                            "resources": {
-                                "requests": {"cpu": cpu, "memory": memory},
-                                "limits": {"cpu": "1", "memory": memory_limit},
-                            },
-                            "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [
-                                {"name": "data", "mountPath": DATA_DIR},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                                {"name": "kafka-tls", "mountPath": KAFKA_TLS_DIR, "readOnly": True},
-                            ],
-                        }
-                    ],
-                    # RocksDB tables are a cache of their changelog topics: rebuilt on start.
-                    "volumes": [
-                        {"name": "data", "emptyDir": {}},
-                        {"name": "tmp", "emptyDir": {}},
-                        {"name": "kafka-tls", "secret": {"secretName": KAFKA_TLS_SECRET}},
-                    ],
-                },
-            },
+            **fields,
+            "template": _pod_template(spec),
         },
     }
+
+
+def _deployment(spec: GroupSpec) -> dict[str, Any]:
+    # One worker at a time: every new member costs the whole group a rebalance.
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    return _controller(spec, "Deployment", strategy=strategy)
+
+
+def _statefulset(spec: GroupSpec) -> dict[str, Any]:
+    claim = {
+        "metadata": {"name": "data", "labels": _labels(spec.name)},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": DATA_VOLUMES[spec.name]}},
+        },
+    }
+    return _controller(
+        spec,
+        "StatefulSet",
+        serviceName=_peers_name(spec),
+        # Replicas start and stop together (a KEDA scale-out adds them at once); a roll still
+        # replaces one pod at a time and waits for it to be ready.
+        podManagementPolicy="Parallel",
+        updateStrategy={"type": "RollingUpdate"},
+        # A replica scaled away keeps its volume: scaled out again, it starts warm.
+        persistentVolumeClaimRetentionPolicy={"whenDeleted": "Retain", "whenScaled": "Retain"},
+        volumeClaimTemplates=[claim],
+    )
+
+
+def _service(spec: GroupSpec, name: str, purpose: str, **headless: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {**_metadata(spec, name), "annotations": {"avcc/purpose": purpose}},
+        "spec": {
+            **headless,
+            "selector": _labels(spec.name),
+            "ports": [{"name": "web", "port": _port(spec), "targetPort": "web", "protocol": "TCP"}],
+        },
+    }
+
+
+def _peers_service(spec: GroupSpec) -> dict[str, Any]:
+    """Headless: a DNS name per pod (``<pod>.<service>.<namespace>.svc``), also while it recovers
+    (not ready), so peers reach the owner of a partition to hear that it is recovering."""
+    return _service(
+        spec,
+        _peers_name(spec),
+        "stable DNS name of each worker, for owner routing",
+        clusterIP="None",
+        publishNotReadyAddresses=True,
+    )
+
+
+def _disruption_budget(spec: GroupSpec) -> dict[str, Any]:
+    """A drain takes one replica at a time: the others keep (or take over) its partitions."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _labels(spec.name)}},
+    }
+
+
+def _workload(spec: GroupSpec) -> list[dict[str, Any]]:
+    """``spec``'s workers and what goes with them: a StatefulSet with its headless Service and
+    disruption budget for a group with local state, else a Deployment; the client Service of a
+    group that serves HTTP."""
+    if _stateful(spec):
+        docs = [_statefulset(spec), _peers_service(spec), _disruption_budget(spec)]
+    else:
+        docs = [_deployment(spec)]
+    if spec.name in HTTP_GROUPS:
+        docs.append(_service(spec, _name(spec), HTTP_GROUPS[spec.name]))
+    return docs
 
 
 def _ledger_token() -> dict[str, Any]:
@@ -283,23 +463,6 @@ def _ledger_node() -> list[dict[str, Any]]:
     return [statefulset, service]
 
 
-def _service(spec: GroupSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": f"avcc-{spec.name}",
-            "namespace": NAMESPACE,
-            "labels": _labels(spec.name),
-            "annotations": {"avcc/purpose": HTTP_GROUPS[spec.name]},
-        },
-        "spec": {
-            "selector": _labels(spec.name),
-            "ports": [{"name": "web", "port": _port(spec), "targetPort": "web", "protocol": "TCP"}],
-        },
-    }
-
-
 def _scaled_objects(rules: Iterable[LagRule]) -> dict[str, dict[str, Any]]:
     """One KEDA ScaledObject per agent group that a lag rule with a threshold watches."""
     by_id = {consumer_group_id(g.name): g for g in GROUPS}
@@ -321,7 +484,11 @@ def _scaled_objects(rules: Iterable[LagRule]) -> dict[str, dict[str, Any]]:
                     "labels": _labels(spec.name),
                 },
                 "spec": {
-                    "scaleTargetRef": {"name": f"avcc-{spec.name}"},
+                    "scaleTargetRef": {
+                        "apiVersion": "apps/v1",
+                        "kind": _workload_kind(spec),
+                        "name": _name(spec),
+                    },
                     "pollingInterval": 15,
                     "cooldownPeriod": 300,
                     "minReplicaCount": 1,
@@ -450,12 +617,8 @@ def render_k8s(rules: Sequence[LagRule], slo: SloSettings) -> dict[str, str]:
     files["statefulset-ledger.yaml"] = to_yaml(*_ledger_node())
     resources = ["namespace.yaml", "configmap.yaml", "statefulset-ledger.yaml"]
     for spec in GROUPS:
-        docs: list[Any] = [_deployment(spec)]
-        if spec.name in HTTP_GROUPS:
-            docs.append(_service(spec))
-        name = f"deployment-{spec.name}.yaml"
-        files[name] = to_yaml(*docs)
-        resources.append(name)
+        files[workload_file(spec)] = to_yaml(*_workload(spec))
+        resources.append(workload_file(spec))
     files["podmonitor.yaml"] = to_yaml(
         {
             "apiVersion": "monitoring.coreos.com/v1",

@@ -24,6 +24,13 @@ from app.platform.topics import APPLY_CREATED, PLAYBACK_EVENT
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
+K8S = ROOT / "deploy" / "k8s"
+#: The groups that keep local state in their data dir: each has a module in tables/ saying what.
+STATEFUL = {path.stem for path in (ROOT / "tables").glob("*.py")} - {"__init__"}
+#: Of those, the groups whose state is faust tables (restored from changelogs: standbys apply).
+FAUST_TABLES = {
+    group for group in STATEFUL if "model_table(" in (ROOT / "tables" / f"{group}.py").read_text()
+}
 
 
 def _in_ci() -> bool:
@@ -62,23 +69,45 @@ def test_keda_scaled_objects_follow_the_seed_and_the_partition_counts(render: Mo
             o["spec"]["triggers"][0]["metadata"]["topic"],
             o["spec"]["triggers"][0]["metadata"]["lagThreshold"],
             o["spec"]["triggers"][0]["metadata"]["consumerGroup"],
+            o["spec"]["scaleTargetRef"]["kind"],
             o["spec"]["scaleTargetRef"]["name"],
         )
         for group, o in objects.items()
     }
     assert summary == {
-        "review": (APPLY_CREATED.partitions, APPLY_CREATED.name, "1000", "avcc-review", "avcc-review"),
-        "sink": (PLAYBACK_EVENT.partitions, PLAYBACK_EVENT.name, "50000", "avcc-sink", "avcc-sink"),
-        "anomaly": (PLAYBACK_EVENT.partitions, PLAYBACK_EVENT.name, "50000", "avcc-anomaly", "avcc-anomaly"),
+        "review": (
+            APPLY_CREATED.partitions,
+            APPLY_CREATED.name,
+            "1000",
+            "avcc-review",
+            "StatefulSet",
+            "avcc-review",
+        ),
+        "sink": (
+            PLAYBACK_EVENT.partitions,
+            PLAYBACK_EVENT.name,
+            "50000",
+            "avcc-sink",
+            "Deployment",
+            "avcc-sink",
+        ),
+        "anomaly": (
+            PLAYBACK_EVENT.partitions,
+            PLAYBACK_EVENT.name,
+            "50000",
+            "avcc-anomaly",
+            "StatefulSet",
+            "avcc-anomaly",
+        ),
     }
     assert (APPLY_CREATED.partitions, PLAYBACK_EVENT.partitions) == (6, 24)
 
 
-def test_one_deployment_per_group_with_probes_on_the_worker_port(render: ModuleType) -> None:
+def test_one_workload_per_group_with_probes_on_the_worker_port(render: ModuleType) -> None:
     base = Settings.model_fields["web_port"].default
     for spec in GROUPS:
-        deployment = render._deployment(spec)
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        workload = render._workload(spec)[0]
+        container = workload["spec"]["template"]["spec"]["containers"][0]
         assert container["args"] == ["worker", spec.name]
         assert container["ports"] == [
             {"name": "web", "containerPort": base + spec.port_offset, "protocol": "TCP"}
@@ -89,8 +118,8 @@ def test_one_deployment_per_group_with_probes_on_the_worker_port(render: ModuleT
         assert {"secretRef": {"name": "avcc-secrets"}} in container["envFrom"]
         assert {"secretRef": {"name": f"avcc-kafka-{spec.name}"}} in container["envFrom"]
         assert container["resources"]["requests"] and container["resources"]["limits"]
-        assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
-        assert (ROOT / "deploy" / "k8s" / f"deployment-{spec.name}.yaml").is_file()
+        assert workload["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert (ROOT / "deploy" / "k8s" / render.workload_file(spec)).is_file()
     configmap = render._configmap(SloSettings())["data"]
     assert {"AVCC_KAFKA_URL", "AVCC_CLICKHOUSE_URL"} <= set(configmap)
     assert configmap["AVCC_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
@@ -113,7 +142,14 @@ def test_k8s_manifests_parse_as_yaml() -> None:
     kinds = {f.name: [d["kind"] for d in yaml.safe_load_all(f.read_text())] for f in files}
     assert kinds["scaledobject-review.yaml"] == ["ScaledObject"]
     assert kinds["deployment-gateway.yaml"] == ["Deployment", "Service"]
-    assert sum(1 for k in kinds.values() if "Deployment" in k) == len(GROUPS)
+    assert kinds["statefulset-code.yaml"] == ["StatefulSet", "Service", "PodDisruptionBudget", "Service"]
+    assert kinds["statefulset-chain.yaml"] == ["StatefulSet", "Service", "PodDisruptionBudget"]
+    workloads = sum(1 for k in kinds.values() for kind in k if kind in {"Deployment", "StatefulSet"})
+    assert workloads == len(GROUPS) + 1  # and the ledger node
+    kustomization = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(
+        name for name in kinds if name not in {"kustomization.yaml", "secret.example.yaml"}
+    )
 
 
 def test_promtool_accepts_the_rules_and_the_config(promtool: str) -> None:
@@ -216,15 +252,16 @@ def test_k8s_manifests_pass_the_kubernetes_schemas() -> None:
             kubernetes_validate.validate(document, version, strict=True)
             checked.append(f"{path.name}:{document['kind']}/{document['metadata']['name']}")
     print(f"{len(checked)} resources valid against Kubernetes {version}")
-    deployments = [c for c in checked if ":Deployment/" in c]
-    assert len(deployments) == len(GROUPS)
+    workloads = [c for c in checked if ":Deployment/" in c or ":StatefulSet/avcc-" in c]
+    assert len(workloads) == len(GROUPS) + 1  # and the ledger node
+    assert len([c for c in checked if ":PodDisruptionBudget/" in c]) == len(STATEFUL)
     assert any(":Secret/avcc-kafka-code" in c for c in checked)
 
 
 def test_a_scaled_chain_group_shares_one_ledger_node(render: ModuleType) -> None:
     """Every chain replica submits to the one ledger node (a StatefulSet of one replica on a
     volume), never to a ledger of its own: two ledgers would notarise a work twice."""
-    env = render._deployment(next(g for g in GROUPS if g.name == "chain"))["spec"]["template"]["spec"][
+    env = render._workload(next(g for g in GROUPS if g.name == "chain"))[0]["spec"]["template"]["spec"][
         "containers"
     ][0]["env"]
     url = next(e["value"] for e in env if e["name"] == "AVCC_CHAIN_URL")
@@ -236,5 +273,86 @@ def test_a_scaled_chain_group_shares_one_ledger_node(render: ModuleType) -> None
     assert service["spec"]["ports"][0]["port"] == 6075
     for spec in GROUPS:
         if spec.name != "chain":
-            other = render._deployment(spec)["spec"]["template"]["spec"]["containers"][0]["env"]
+            other = render._workload(spec)[0]["spec"]["template"]["spec"]["containers"][0]["env"]
             assert all(e["name"] != "AVCC_CHAIN_URL" for e in other)
+
+
+def _resources() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every rendered Kubernetes resource, by kind and name."""
+    resources: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            for document in yaml.safe_load_all(path.read_text()):
+                resources[(document["kind"], document["metadata"]["name"])] = document
+    return resources
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_groups_with_local_state_run_as_statefulsets_on_their_own_volumes() -> None:
+    """A restart, roll or drain finds the worker's stores on its volume (it replays the tail of
+    its changelogs, not all of them), and peers reach each worker at its stable DNS name."""
+    assert {"code", "review", "chain", "settlement", "anomaly", "ops"} == STATEFUL  # as issue 35 lists
+    assert {"code", "review", "chain", "settlement"} == FAUST_TABLES
+    resources = _resources()
+    data_dir = resources[("ConfigMap", "avcc-config")]["data"]["AVCC_DATA_DIR"]
+    budgets = [r["spec"] for (kind, _), r in resources.items() if kind == "PodDisruptionBudget"]
+    for spec in GROUPS:
+        name = f"avcc-{spec.name}"
+        if spec.name not in STATEFUL:
+            assert ("Deployment", name) in resources and ("StatefulSet", name) not in resources
+            continue
+        assert ("Deployment", name) not in resources, f"{spec.name} keeps local state: not a Deployment"
+        statefulset = resources[("StatefulSet", name)]
+        sts = statefulset["spec"]
+        pod = sts["template"]["spec"]
+        container = pod["containers"][0]
+        assert (sts["podManagementPolicy"], sts["updateStrategy"]["type"]) == ("Parallel", "RollingUpdate")
+        mount = next(m["name"] for m in container["volumeMounts"] if m["mountPath"] == data_dir)
+        claims = {c["metadata"]["name"]: c["spec"] for c in sts.get("volumeClaimTemplates", [])}
+        assert mount in claims, f"{spec.name}: its data dir is not on a volumeClaimTemplate"
+        assert all(v["name"] != mount for v in pod["volumes"])
+        assert claims[mount]["accessModes"] == ["ReadWriteOnce"]
+        assert claims[mount]["resources"]["requests"]["storage"].endswith("Gi")
+        labels = sts["selector"]["matchLabels"]
+        assert sts["template"]["metadata"]["labels"] == labels
+        peers = resources.get(("Service", sts["serviceName"]), {}).get("spec", {})
+        assert peers.get("clusterIP") == "None", f"{spec.name}: no headless Service {sts['serviceName']}"
+        assert peers["publishNotReadyAddresses"] is True and peers["selector"] == labels
+        assert [b["maxUnavailable"] for b in budgets if b["selector"]["matchLabels"] == labels] == [1]
+        env = _env(container)
+        names = [e["name"] for e in container["env"]]
+        assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert names.index("POD_NAME") < names.index("AVCC_WEB_ADVERTISED_URL")  # $(POD_NAME) expands
+        pod_name, port = f"{name}-0", container["ports"][0]["containerPort"]
+        url = env["AVCC_WEB_ADVERTISED_URL"].replace("$(POD_NAME)", pod_name)
+        namespace = statefulset["metadata"]["namespace"]
+        assert Settings(web_advertised_url=url).advertised_url(port) == (
+            f"http://{pod_name}.{sts['serviceName']}.{namespace}.svc:{port}"
+        )
+        assert env["AVCC_KAFKA_GROUP_INSTANCE_ID"] == "$(POD_NAME)"
+        assert env.get("AVCC_TABLE_STANDBY_REPLICAS") == ("1" if spec.name in FAUST_TABLES else None)
+        startup = container["startupProbe"]
+        assert startup["httpGet"]["path"] == "/ready"
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # a cold rebuild: ~30 s
+
+
+def test_every_worker_stops_within_its_grace_period() -> None:
+    """The worker exits on its own within AVCC_WORKER_STOP_S of SIGTERM (within 10 s, its broker
+    gone or not); the kubelet waits longer before it kills."""
+    for (kind, name), resource in _resources().items():
+        if kind in {"Deployment", "StatefulSet"} and name != "avcc-ledger":
+            pod = resource["spec"]["template"]["spec"]
+            stop = float(_env(pod["containers"][0])["AVCC_WORKER_STOP_S"])
+            assert stop <= 10, name
+            assert pod["terminationGracePeriodSeconds"] > stop, name
+
+
+def test_keda_scales_the_workload_of_each_group() -> None:
+    resources = _resources()
+    for (kind, name), resource in resources.items():
+        if kind == "ScaledObject":
+            target = resource["spec"]["scaleTargetRef"]
+            assert (target["kind"], target["name"]) in resources, name

@@ -14,16 +14,23 @@ K8S = Path(__file__).resolve().parents[3] / "deploy" / "k8s"
 
 
 def _pod_spec(group: str) -> dict[str, Any]:
-    docs = yaml.safe_load_all((K8S / f"deployment-{group}.yaml").read_text())
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    """The pod of ``group``'s Deployment or StatefulSet (``deployment-<group>.yaml`` or
+    ``statefulset-<group>.yaml``)."""
+    (workload,) = [
+        d
+        for path in K8S.glob(f"*-{group}.yaml")
+        for d in yaml.safe_load_all(path.read_text())
+        if d["kind"] in {"Deployment", "StatefulSet"}
+    ]
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
     return spec
 
 
 def test_every_worker_pod_is_restarted_when_its_process_exits_or_hangs() -> None:
     for group in GROUPS:
         pod = _pod_spec(group.name)
-        # a Deployment's pods only allow Always (the default): any exit, a signal included, restarts
+        # a Deployment's or StatefulSet's pods only allow Always (the default): any exit, a signal
+        # included, restarts
         assert pod.get("restartPolicy", "Always") == "Always", group.name
         (container,) = pod["containers"]
         assert container["args"] == ["worker", group.name], "the worker must be the container's process"
