@@ -334,6 +334,11 @@ def test_groups_with_local_state_run_as_statefulsets_on_their_own_volumes() -> N
         )
         assert env["AVCC_KAFKA_GROUP_INSTANCE_ID"] == "$(POD_NAME)"
         assert env.get("AVCC_TABLE_STANDBY_REPLICAS") == ("1" if spec.name in FAUST_TABLES else None)
+        # a standby copy needs another replica to live on, preferably on another node
+        assert sts["replicas"] == (2 if spec.name in FAUST_TABLES else 1)
+        spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert spread[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert spread[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == labels
         startup = container["startupProbe"]
         assert startup["httpGet"]["path"] == "/ready"
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # a cold rebuild: ~30 s
@@ -356,3 +361,5 @@ def test_keda_scales_the_workload_of_each_group() -> None:
         if kind == "ScaledObject":
             target = resource["spec"]["scaleTargetRef"]
             assert (target["kind"], target["name"]) in resources, name
+            workload = resources[(target["kind"], target["name"])]["spec"]
+            assert resource["spec"]["minReplicaCount"] == workload["replicas"], name
