@@ -28,7 +28,7 @@ from app.ops.lag.settings import LagRule, default_rules  # noqa: E402
 from app.ops.slo.rules import ERROR_RATIO, slo_rule_groups  # noqa: E402
 from app.ops.slo.settings import SloSettings  # noqa: E402
 from app.platform.faust.app import consumer_group_id  # noqa: E402
-from app.platform.groups import GROUPS, GroupSpec  # noqa: E402
+from app.platform.groups import GROUPS, GroupSpec, group_spec  # noqa: E402
 from app.platform.metrics import REVIEW_AI  # noqa: E402
 from app.platform.settings import Settings  # noqa: E402
 from app.platform.topics import DLQ, spec_for  # noqa: E402
@@ -91,6 +91,7 @@ HTTP_GROUPS = {
     "code": "HTTP apply API",
     "review": "human-review decisions",
     "gateway": "partner playback ingest",
+    "sink": "playback stats and anomalies (partners, the console)",
     "ops": "operator console (lag, DLQ)",
 }
 #: (requests cpu, requests memory, limits memory); every worker is one faust event loop: limit 1 CPU.
@@ -149,7 +150,7 @@ def _port(spec: GroupSpec) -> int:
 
 
 def _stateful(spec: GroupSpec) -> bool:
-    return spec.name in DATA_VOLUMES
+    return spec.local_state
 
 
 def _workload_kind(spec: GroupSpec) -> str:
@@ -161,9 +162,12 @@ def _name(spec: GroupSpec) -> str:
     return f"avcc-{spec.name}"
 
 
+#: The headless Service of a StatefulSet group: its pods' stable DNS names.
+PEERS_SERVICE = "avcc-{group}-peers"
+
+
 def _peers_name(spec: GroupSpec) -> str:
-    """The headless Service of a StatefulSet group: its pods' stable DNS names."""
-    return f"{_name(spec)}-peers"
+    return PEERS_SERVICE.format(group=spec.name)
 
 
 def workload_file(spec: GroupSpec) -> str:
@@ -547,6 +551,11 @@ def _slo_env(slo: SloSettings) -> dict[str, str]:
     return {f"{prefix}{name.upper()}": json.dumps(value) for name, value in slo.model_dump().items()}
 
 
+def _service_url(group: str) -> str:
+    """The base URL of ``group``'s client Service."""
+    return f"http://avcc-{group}.{NAMESPACE}.svc:{_port(group_spec(group))}"
+
+
 def _configmap(slo: SloSettings) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -567,6 +576,10 @@ def _configmap(slo: SloSettings) -> dict[str, Any]:
             "AVCC_WEB_PORT": str(BASE_PORT),
             "AVCC_LOG_LEVEL": "INFO",
             "AVCC_ALERT_WEBHOOK_URL": "http://alertmanager.monitoring.svc:9093/api/v2/alerts",
+            # the console reaches the groups it summarises through their Services, and every
+            # worker of a group with local state through its headless one (one address per pod)
+            **{f"AVCC_CONSOLE_{g.upper()}_URL": _service_url(g) for g in ("code", "review", "sink")},
+            "AVCC_CONSOLE_WORKERS_HOST": f"{PEERS_SERVICE}.{NAMESPACE}.svc",
             **_slo_env(slo),
         },
     }

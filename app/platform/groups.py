@@ -17,18 +17,21 @@ class GroupSpec:
     source: str
     #: It serves signed ``/v1/`` routes, so each worker claims and reads the shared nonces.
     signed_routes: bool = False
+    #: It keeps state in its data dir (``tables/<group>.py`` says what), restored when lost: its
+    #: workers run on volumes of their own (StatefulSets) and can be found recovering.
+    local_state: bool = False
 
 
 GROUPS: tuple[GroupSpec, ...] = (
-    GroupSpec("code", "agents.code", 1, "code-svc", signed_routes=True),
-    GroupSpec("review", "agents.review", 2, "review-svc", signed_routes=True),
-    GroupSpec("chain", "agents.chain", 3, "chain-svc"),
-    GroupSpec("settlement", "agents.settlement", 4, "settlement-svc", signed_routes=True),
+    GroupSpec("code", "agents.code", 1, "code-svc", signed_routes=True, local_state=True),
+    GroupSpec("review", "agents.review", 2, "review-svc", signed_routes=True, local_state=True),
+    GroupSpec("chain", "agents.chain", 3, "chain-svc", local_state=True),
+    GroupSpec("settlement", "agents.settlement", 4, "settlement-svc", signed_routes=True, local_state=True),
     GroupSpec("gateway", "agents.gateway", 5, "gateway-svc", signed_routes=True),
     GroupSpec("sink", "agents.sink", 6, "clickhouse-sink", signed_routes=True),
-    GroupSpec("anomaly", "agents.anomaly", 7, "anomaly-svc"),
+    GroupSpec("anomaly", "agents.anomaly", 7, "anomaly-svc", local_state=True),
     GroupSpec("retry", "agents.retry", 8, "retry-svc"),
-    GroupSpec("ops", "agents.ops", 0, "ops-svc"),
+    GroupSpec("ops", "agents.ops", 0, "ops-svc", local_state=True),
 )
 
 

@@ -11,8 +11,11 @@ after it stopped (each key's value must be the changelog's latest), and a sample
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
+import threading
 import time
+import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rocksdict import AccessType, Options, Rdict
@@ -144,16 +148,54 @@ async def served_with_their_codes(stack: Stack, works: list[FilledWork], index: 
         assert record["avcc_code"] == work.avcc_code and record["status"] == "issued"
 
 
+RECOVERING = re.compile(r"records: recovering \d+ of \d+ changelog records, ETA \d+ s")
+
+
+class ReadyWatch:
+    """Reads a worker's ``/ready`` every 50 ms on a thread, keeping each "recovering" answer."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.recovering: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                urllib.request.urlopen(f"{self.url}/ready", timeout=2).close()
+            except urllib.error.HTTPError as answer:
+                body = orjson.loads(answer.read() or b"{}")
+                if body.get("status") == "recovering":
+                    self.recovering.append(body)
+            except OSError:  # not listening yet
+                pass
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> ReadyWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def test_a_restart_replays_only_the_tail_and_an_empty_data_dir_is_rebuilt_in_bulk(
     code_state: CodeState, tmp_path: Path, report: Report
 ) -> None:
     stack = Stack(code_state.bootstrap, tmp_path, static_membership=True)
     worker, data_dir = stack.worker("code"), stack.data_dir("code")
+    url = stack.url("code")
     try:
         started = time.monotonic()
-        stack.start("code")
-        url = stack.url("code")
+        with ReadyWatch(url) as watch:
+            stack.start("code")
         cold_s = time.monotonic() - started
+        # while it restored, /ready said how far, per table
+        assert any(RECOVERING.search(body.get("reason", "")) for body in watch.recovering), watch.recovering[
+            :3
+        ]
         # every changelog record restored by the bulk reader (faust's recovery read none)
         assert metric_total(url, "avcc_table_recovery_last_records") == code_state.changelog_records()
         asyncio.run(served_with_their_codes(stack, code_state.samples[:50]))

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from app.ops.console.settings import ConsoleSettings
 from app.ops.lag.settings import default_rules
 from app.ops.slo.settings import SloSettings
 from app.platform.groups import GROUPS
@@ -291,10 +292,11 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-def test_groups_with_local_state_run_as_statefulsets_on_their_own_volumes() -> None:
+def test_groups_with_local_state_run_as_statefulsets_on_their_own_volumes(render: ModuleType) -> None:
     """A restart, roll or drain finds the worker's stores on its volume (it replays the tail of
     its changelogs, not all of them), and peers reach each worker at its stable DNS name."""
     assert {"code", "review", "chain", "settlement", "anomaly", "ops"} == STATEFUL  # as issue 35 lists
+    assert {spec.name for spec in GROUPS if spec.local_state} == STATEFUL == set(render.DATA_VOLUMES)
     assert {"code", "review", "chain", "settlement"} == FAUST_TABLES
     resources = _resources()
     data_dir = resources[("ConfigMap", "avcc-config")]["data"]["AVCC_DATA_DIR"]
@@ -333,6 +335,10 @@ def test_groups_with_local_state_run_as_statefulsets_on_their_own_volumes() -> N
             f"http://{pod_name}.{sts['serviceName']}.{namespace}.svc:{port}"
         )
         assert env["AVCC_KAFKA_GROUP_INSTANCE_ID"] == "$(POD_NAME)"
+        console = ConsoleSettings(
+            workers_host=resources[("ConfigMap", "avcc-config")]["data"]["AVCC_CONSOLE_WORKERS_HOST"]
+        )
+        assert console.group_host(Settings(), spec.name) == f"{sts['serviceName']}.{namespace}.svc"
         assert env.get("AVCC_TABLE_STANDBY_REPLICAS") == ("1" if spec.name in FAUST_TABLES else None)
         # a standby copy needs another replica to live on, preferably on another node
         assert sts["replicas"] == (2 if spec.name in FAUST_TABLES else 1)

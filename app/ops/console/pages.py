@@ -17,6 +17,7 @@ from app.ops.console.groups import groups_table, rate_text
 from app.ops.console.levels import service_levels_html
 from app.ops.console.rates import OffsetHistory, rate_series
 from app.ops.console.workbench import ROUTE_REVIEW
+from app.ops.console.workers import WorkerReadiness, workers_html
 from app.ops.dlq.entries import STATUSES as DLQ_STATUSES
 from app.ops.dlq.pages import ROUTE_LIST as ROUTE_DLQ
 from app.ops.dlq.pages import page
@@ -49,6 +50,8 @@ class Overview:
     #: The code group's last hour (``GET /v1/avcc/time-to-code``), judged by ``objectives``.
     time_to_code: Mapping[str, Any] | None = None
     objectives: SloSettings = field(default_factory=SloSettings)
+    #: The readiness of every worker of the groups with local state (a recovering one says how far).
+    workers: Sequence[WorkerReadiness] = ()
     now_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
 
@@ -158,6 +161,8 @@ def overview_html(overview: Overview, user: str) -> str:
         parts.append("<p id='no-snapshot'>No lag snapshot yet; the monitor takes its first one shortly.</p>")
     else:
         parts.append(groups_table(overview.report, overview.history))
+    if overview.workers:
+        parts.append(workers_html(overview.workers))
     parts.append(_topics(overview.history))
     parts.append("<div class='cols'>")
     review = {"need_human": ROUTE_REVIEW}

@@ -18,6 +18,11 @@ from app.platform.settings import DEV_HMAC_KEYS, Settings
 __all__ = ["ConsoleSettings"]
 
 
+def _local_host(settings: Settings) -> str:
+    """Where the local stack's workers answer: ``AVCC_WEB_HOST``, loopback for a wildcard."""
+    return settings.web_host if settings.web_host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+
+
 class ConsoleSettings(BaseSettings):
     """Where the console's peers are and which key it signs with."""
 
@@ -37,6 +42,12 @@ class ConsoleSettings(BaseSettings):
         "`AVCC_WEB_HOST` + its port.",
     )
     sink_url: str = Field("", description="Base URL of a sink worker; empty: `AVCC_WEB_HOST` + its port.")
+    workers_host: str = Field(
+        "",
+        description="Host name whose addresses are the workers of a group with local state, "
+        "`{group}` replaced by its name, for the overview's readiness of every worker: in Kubernetes "
+        "the group's headless Service (`avcc-{group}-peers.avcc.svc`). Empty: `AVCC_WEB_HOST`.",
+    )
     peer_timeout_s: float = Field(5.0, description="Time limit of one call to another worker.")
     form_token_ttl_s: int = Field(3600, description="How long a workbench form's CSRF token stays valid.")
 
@@ -45,8 +56,11 @@ class ConsoleSettings(BaseSettings):
         configured = {"review": self.review_url, "code": self.code_url, "sink": self.sink_url}.get(group, "")
         if configured:
             return configured.rstrip("/")
-        host = settings.web_host if settings.web_host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
-        return f"http://{host}:{settings.web_port + group_spec(group).port_offset}"
+        return f"http://{_local_host(settings)}:{settings.web_port + group_spec(group).port_offset}"
+
+    def group_host(self, settings: Settings, group: str) -> str:
+        """The host name whose addresses are ``group``'s workers."""
+        return self.workers_host.format(group=group) if self.workers_host else _local_host(settings)
 
     def signing_key(self, settings: Settings) -> tuple[str, str] | None:
         """``(key id, secret)`` the console signs with, or ``None`` when none is configured."""

@@ -24,6 +24,7 @@ from app.ops.console.peers import PeerError, Peers
 from app.ops.console.rates import OffsetHistory
 from app.ops.console.settings import ConsoleSettings
 from app.ops.console.workbench import ROUTE_DECIDE, ROUTE_REVIEW, WorkbenchQuery, workbench_html
+from app.ops.console.workers import group_workers
 from app.ops.dlq.console import DlqConsole, Handler, faust_view
 from app.ops.dlq.entries import DlqError
 from app.ops.lag.monitor import LagMonitor
@@ -80,10 +81,11 @@ class ConsoleHome:
     async def home(self, request: web.Request, user: str) -> web.StreamResponse:
         """``GET /``."""
         errors: dict[str, str] = {}
-        counts, times, anomalies = await asyncio.gather(
+        counts, times, anomalies, workers = await asyncio.gather(
             self._from_code(RECORD_COUNTS.path, "code", errors),
             self._from_code(TIME_TO_CODE.path, "time to code", errors),
             self._peer("sink", _ANOMALIES, errors),
+            group_workers(self.peers.settings, self.config),
         )
         try:
             dlq_counts: Mapping[str, int] | None = self.dlq.store.counts()
@@ -101,6 +103,7 @@ class ConsoleHome:
             errors=errors,
             time_to_code=times,
             objectives=self.objectives,
+            workers=workers,
         )
         return web.Response(text=overview_html(overview, user), content_type="text/html")
 
