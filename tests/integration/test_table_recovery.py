@@ -52,6 +52,11 @@ WORKS = 200_000
 #: Works appended to the changelogs while the worker is down: exactly the tail it replays.
 TAIL_WORKS = 1_000
 OFFSET_KEY = b"__faust\x00offset__"
+#: Longest the survivor may take to serve the killed owner's partitions: the session timeout (6 s
+#: here) lets the group notice the death, then only the tail is replayed (the bench measures ~9 s
+#: with the default 10 s), with room for a CPU hog. That the copy was used, not rebuilt, is
+#: asserted by counting what the survivor restored.
+FAILOVER_BOUND_S = 60
 
 
 @dataclass
@@ -297,7 +302,9 @@ def test_the_owner_of_a_partition_killed_mid_load_fails_over_to_the_warm_standby
                     if status == 200:
                         assert record["avcc_code"] == work.avcc_code
                         del pending[partition]
-                assert time.monotonic() - killed < 120, f"partitions {sorted(pending)} never served"
+                assert time.monotonic() - killed < FAILOVER_BOUND_S, (
+                    f"partitions {sorted(pending)} not served"
+                )
                 await asyncio.sleep(0.1)
             failover_s = time.monotonic() - killed
             await load
