@@ -1,4 +1,4 @@
-"""Generated documentation: every part of the site that is read from the code.
+"""Generated documentation: every part of the README and of the site that is read from the code.
 
 ``python -m scripts.docgen`` rewrites the stale blocks; ``--check`` lists them and exits 1 (the
 unit tests do the same, one test per block). Each block is a renderer of public objects (the
@@ -16,6 +16,7 @@ from scripts.docgen.blocks import Block
 __all__ = ["BLOCKS"]
 
 BLOCKS: tuple[Block, ...] = (
+    Block("README.md", "flow", topology.flow_diagram),
     Block("docs/index.md", "flow", topology.flow_diagram),
     Block("docs/architecture.md", "flow", topology.flow_diagram),
     Block("docs/architecture.md", "system", topology.system_diagram),
