@@ -16,7 +16,7 @@ BENCH_SMOKE = \
 #: Seconds one smoke bench may take before it counts as failed (it is stopped).
 BENCH_SMOKE_TIMEOUT ?= 240
 
-.PHONY: help install venv run lint typecheck contracts test unit integration fuzz bench bench-smoke clean
+.PHONY: help install venv run lint typecheck contracts docs test unit integration fuzz bench bench-smoke clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,9 @@ contracts:  ## contract artefacts fresh and backward compatible with the merge b
 		$(PY) -m app contracts check --against "$$base"; \
 	else echo "not a git checkout: no ref to check contract compatibility against"; fi
 
+docs:  ## the documentation site into site/ (mkdocs --strict: a broken link or a page missing from the nav fails)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 # Random order (pytest-randomly): modules, and the tests inside each, in a new order every run;
 # the seed is printed first and last. Replay an order with PYTEST_ARGS=--randomly-seed=N.
 unit:  ## unit tests only, in random order
@@ -54,7 +57,7 @@ integration:  ## integration tests only (real Apache Kafka, ClickHouse, ganache)
 
 # The bench smoke runs between the unit and the integration tests: a broken bench fails the
 # build in about two minutes, before the long integration run.
-test: install lint typecheck contracts  ## the full suite: lint, types, unit tests, bench smoke, then integration on real servers
+test: install lint typecheck contracts docs  ## the full suite: lint, types, contracts, docs, unit tests, bench smoke, then integration on real servers
 	$(PY) -m pytest tests/unit -q -p randomly $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory bench-smoke
 	$(PY) -m pytest tests/integration -q -p randomly --durations=40 $(PYTEST_ARGS)
@@ -70,4 +73,4 @@ bench-smoke: install  ## every bench on small data: fails when one does not prod
 	$(PY) -m bench.results --timeout $(BENCH_SMOKE_TIMEOUT) $(BENCH_SMOKE)
 
 clean:  ## remove local state
-	rm -rf var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf var site .pytest_cache .mypy_cache .ruff_cache

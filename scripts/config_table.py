@@ -1,15 +1,18 @@
-"""Print the README's configuration tables, generated from the settings classes."""
+"""The configuration reference's tables (``docs/reference/configuration.md``), generated from the
+settings classes: every ``AVCC_*`` variable with its default, as the environment takes it, and meaning."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
+from pydantic import TypeAdapter
 from pydantic_settings import BaseSettings
 
 __all__ = ["SETTINGS_CLASSES", "config_tables"]
 
-#: Every settings class, in README order: (module, class name, heading).
+#: Every settings class, in the page's order: (module, class name, heading).
 SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.platform.settings", "Settings", "Pipeline (all groups)"),
     ("app.lifecycle.code.bulk", "BulkSettings", "bulk applications (code group)"),
@@ -24,12 +27,24 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _shown(default: Any, annotation: Any) -> str:
+    """A default as the variable would be set: text as is, anything else as JSON (how the
+    settings read lists, mappings and rules from the environment)."""
+    if default is None:
+        return ""
+    if default == "":
+        return "(empty)"
+    text = default if isinstance(default, str) else TypeAdapter(annotation).dump_json(default).decode()
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{text}{pad}{fence}".replace("|", "\\|")
+
+
 def _table(cls: type[BaseSettings], heading: str) -> str:
     prefix = str(cls.model_config.get("env_prefix", ""))
-    lines = [f"#### {heading}", "", "| variable | default | meaning |", "|---|---|---|"]
+    lines = [f"## {heading}", "", "| variable | default | meaning |", "|---|---|---|"]
     for name, field in cls.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        shown = "" if default is None else f"`{default}`".replace("|", "\\|")
+        shown = _shown(field.get_default(call_default_factory=True), field.annotation)
         description = (field.description or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| `{prefix}{name.upper()}` | {shown} | {description} |")
     return "\n".join(lines)
