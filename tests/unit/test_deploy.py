@@ -162,6 +162,26 @@ def test_promtool_accepts_the_rules_and_the_config(promtool: str) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_every_recorded_series_is_read_after_its_rule_in_the_same_group() -> None:
+    """Prometheus evaluates the rules of a group in order but the groups independently (promtool's
+    unit tests order them at random), so a rule reading a recorded series from another group, or
+    from a later rule, judges a value one evaluation old and its promtool cases flake."""
+    groups = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
+    recorded_in = {
+        rule["record"]: group["name"] for group in groups for rule in group["rules"] if "record" in rule
+    }
+    assert recorded_in, "the rules record no series"
+    for group in groups:
+        seen: set[str] = set()
+        for rule in group["rules"]:
+            for name in set(re.findall(r"[a-z_]+:[a-z_:0-9]+", rule["expr"])) & set(recorded_in):
+                assert recorded_in[name] == group["name"] and name in seen, (
+                    f"{rule.get('alert') or rule.get('record')} reads {name} before its rule runs"
+                )
+            if "record" in rule:
+                seen.add(rule["record"])
+
+
 #: The hand-written promtool tests of the generated rules.
 RULE_TESTS = sorted(PROMETHEUS.glob("*.test.yml"))
 

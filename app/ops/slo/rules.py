@@ -10,6 +10,10 @@ slow one at ``slow_burn_rate`` over 6 h and 30 min; the short window lets an ale
 after the burning does. Each names the level's slowest stage over its short window, the one with
 the longest mean (``avcc:time_to_code_stage_seconds:mean<window>``), the wait for a person aside
 (it has its own alert).
+
+The recorded SLIs and the alerts reading them are one rule group: Prometheus runs the rules of a
+group in order but groups independently, so an alert in another group could judge a ratio one
+evaluation old (promtool's unit tests even order groups at random).
 """
 
 from __future__ import annotations
@@ -137,7 +141,4 @@ def slo_rule_groups(settings: SloSettings) -> list[dict[str, Any]]:
             },
         }
     )
-    return [
-        {"name": "avcc-time-to-code-sli", "rules": recorded},
-        {"name": "avcc-time-to-code-slo", "rules": alerts},
-    ]
+    return [{"name": "avcc-time-to-code", "rules": [*recorded, *alerts]}]

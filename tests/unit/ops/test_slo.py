@@ -51,11 +51,11 @@ def test_objectives_and_thresholds_come_from_the_environment(monkeypatch: pytest
     monkeypatch.setenv("AVCC_SLO_HUMAN_WAIT_MAX_S", "7200")
     settings = SloSettings()
     groups = {g["name"]: g["rules"] for g in slo_rule_groups(settings)}
-    sli = next(r for r in groups["avcc-time-to-code-sli"] if r["labels"] == {"level": "O"})
+    sli = next(r for r in groups["avcc-time-to-code"] if "record" in r and r["labels"] == {"level": "O"})
     assert 'le="3.0"' in sli["expr"]
-    fast = next(r for r in groups["avcc-time-to-code-slo"] if r.get("labels", {}).get("level") == "O")
+    fast = next(r for r in groups["avcc-time-to-code"] if "alert" in r and r["labels"].get("level") == "O")
     assert fast["expr"].endswith("> 0.072")  # 14.4 x 0.5 %
-    waiting = next(r for r in groups["avcc-time-to-code-slo"] if r["alert"] == "AvccHumanReviewWaiting")
+    waiting = next(r for r in groups["avcc-time-to-code"] if r.get("alert") == "AvccHumanReviewWaiting")
     assert waiting["expr"].endswith("> 7200") and "longer than 2h" in waiting["annotations"]["summary"]
 
 
