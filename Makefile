@@ -30,9 +30,10 @@ venv:  ## only the runtime Python environment (what `make run` needs; no test or
 run: venv  ## the whole local stack: embedded broker + chDB + every agent group + console
 	$(VENV)/bin/avcc dev
 
-lint:  ## ruff lint + format check
+lint:  ## ruff lint + format check, and the import contracts (the floors of .importlinter)
 	$(VENV)/bin/ruff check --no-cache .
 	$(VENV)/bin/ruff format --no-cache --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck:  ## mypy (strict on the packages)
 	$(VENV)/bin/mypy
