@@ -193,7 +193,11 @@ def _port_claims(settings: Settings, groups: list[GroupSpec], start_broker: bool
         for g in groups
     ]
     if start_broker:
-        claims.insert(0, PortClaim("the embedded Kafka broker", LOOPBACK, dev_broker_port(settings)))
+        port = dev_broker_port(settings)
+        claims[:0] = [
+            PortClaim("the embedded Kafka broker", LOOPBACK, port),
+            PortClaim("the embedded Kafka broker's KRaft controller", LOOPBACK, port + 1),
+        ]
     return claims
 
 

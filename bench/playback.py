@@ -649,8 +649,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     try:
         if not args.bootstrap:
             from app.servers import KafkaKRaftBroker
+            from app.servers.process import free_port_block
 
-            broker = KafkaKRaftBroker(workdir / "kafka", die_with_parent=True)
+            broker = KafkaKRaftBroker(workdir / "kafka", port=free_port_block((0, 1)), die_with_parent=True)
             broker.start()
             args.bootstrap = broker.bootstrap
             print(

@@ -43,8 +43,8 @@ class KafkaClusterNode(KafkaKRaftBroker):
         super().__init__(
             data_dir,
             libs_dir,
-            port,
-            controller_port,
+            port=port,
+            controller_port=controller_port,
             extra_properties=cluster_properties,
             heap=_NODE_HEAP,
             ready_timeout=150.0,

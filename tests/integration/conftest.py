@@ -42,6 +42,7 @@ from app.servers import (
 from app.servers.clickhouse_cluster import ClickHouseCluster
 from app.servers.ganache import GanacheNode
 from app.servers.kafka_secure import KafkaSecureBroker
+from app.servers.process import free_port, free_port_block
 from tests.figures import Report, reporter
 from tests.integration.stack import CORE_GROUPS, Stack
 
@@ -99,7 +100,10 @@ def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def kafka_broker(servers_dir: Path) -> Iterator[KafkaKRaftBroker]:
     """Apache Kafka 3.9 (KRaft, single node) running for the whole session; data survives restarts."""
     broker = _launch(
-        "kafka", lambda: KafkaKRaftBroker(servers_dir / "kafka", ensure_kafka_libs(), die_with_parent=True)
+        "kafka",
+        lambda: KafkaKRaftBroker(
+            servers_dir / "kafka", ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+        ),
     )
     _stop_after_last_user["kafka_broker"] = lambda: _shutdown("kafka", broker)
     yield broker
@@ -137,7 +141,9 @@ def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
     name = f"ganache ({root.name})"
     node = _launch(
         name,
-        lambda: GanacheNode(root / "node", funded_keys=[key], block_time_s=1.0, die_with_parent=True),
+        lambda: GanacheNode(
+            root / "node", port=free_port(), funded_keys=[key], block_time_s=1.0, die_with_parent=True
+        ),
     )
     yield EvmChain(node, key, key_file)
     _shutdown(name, node)
@@ -187,7 +193,12 @@ def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaf
     on the session broker they would join the session core stack's consumer groups."""
     root = tmp_path_factory.mktemp("module-kafka")
     name = f"kafka ({root.name})"
-    broker = _launch(name, lambda: KafkaKRaftBroker(root, ensure_kafka_libs(), die_with_parent=True))
+    broker = _launch(
+        name,
+        lambda: KafkaKRaftBroker(
+            root, ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+        ),
+    )
     yield broker
     _shutdown(name, broker)
 
@@ -209,7 +220,12 @@ def module_secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ka
     own) and authorizes every request by ACL; ``admin`` is its only client super user."""
     root = tmp_path_factory.mktemp("kafka-secure")
     name = f"secure kafka ({root.name})"
-    broker = _launch(name, lambda: KafkaSecureBroker(root, ensure_kafka_libs(), die_with_parent=True))
+    broker = _launch(
+        name,
+        lambda: KafkaSecureBroker(
+            root, ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+        ),
+    )
     yield broker
     _shutdown(name, broker)
 

@@ -64,7 +64,9 @@ class Chain:
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     root = tmp_path_factory.mktemp("strict-chain")
     key = create_key_file(root / "signer.key")
-    node = GanacheNode(root / "node", funded_keys=[key], instamine="strict", die_with_parent=True)
+    node = GanacheNode(
+        root / "node", port=free_port(), funded_keys=[key], instamine="strict", die_with_parent=True
+    )
     try:
         node.start()
     except ServerNotInstalled as exc:

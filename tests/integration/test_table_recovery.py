@@ -33,6 +33,7 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
 from app.servers import KafkaKRaftBroker
+from app.servers.process import free_port_block
 from bench.code_state import (
     CLAIMS_CHANGELOG,
     RECORDS_CHANGELOG,
@@ -325,7 +326,9 @@ def test_the_owner_of_a_partition_killed_mid_load_fails_over_to_the_warm_standby
 @pytest.fixture
 def lone_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
     """A broker of this test alone, which it kills."""
-    broker = KafkaKRaftBroker(tmp_path_factory.mktemp("lone-kafka"), die_with_parent=True)
+    broker = KafkaKRaftBroker(
+        tmp_path_factory.mktemp("lone-kafka"), port=free_port_block((0, 1)), die_with_parent=True
+    )
     broker.start()
     try:
         yield broker
