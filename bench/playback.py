@@ -219,7 +219,7 @@ def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
 def run_faust(args: argparse.Namespace) -> dict[str, Any]:
     import faust
 
-    from app.servers import free_port
+    from testing.ports import free_port
 
     u = uuid.uuid4().hex[:8]
     app = faust.App(
@@ -494,8 +494,8 @@ def run_gateway(
 ) -> dict[str, Any]:
     """One gateway run: ``items`` posted in signed batches, produced to ``topic`` (default: the
     bench's), once the worker reports ``/ready`` (its nonce store read)."""
-    from app.servers import free_port
-    from app.servers.workers import group_worker
+    from testing.ports import free_port
+    from testing.workers import group_worker
 
     port = free_port()
     env = {
@@ -649,7 +649,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     try:
         if not args.bootstrap:
             from app.servers import KafkaKRaftBroker
-            from app.servers.process import free_port_block
+            from testing.ports import free_port_block
 
             broker = KafkaKRaftBroker(workdir / "kafka", port=free_port_block((0, 1)), die_with_parent=True)
             broker.start()

@@ -31,18 +31,13 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
-from app.servers import (
-    ClickHouseServer,
-    KafkaCluster,
-    KafkaKRaftBroker,
-    ServerNotInstalled,
-    ServerStartError,
-    ensure_kafka_libs,
-)
-from app.servers.clickhouse_cluster import ClickHouseCluster
+from app.servers import KafkaKRaftBroker, ServerNotInstalled, ServerStartError, ensure_kafka_libs
 from app.servers.ganache import GanacheNode
-from app.servers.kafka_secure import KafkaSecureBroker
-from app.servers.process import free_port, free_port_block
+from testing.clickhouse import ClickHouseServer
+from testing.clickhouse_cluster import ClickHouseCluster
+from testing.kafka_cluster import KafkaCluster
+from testing.kafka_secure import KafkaSecureBroker
+from testing.ports import free_port, free_port_block
 from tests.figures import Report, reporter
 from tests.integration.stack import CORE_GROUPS, Stack
 

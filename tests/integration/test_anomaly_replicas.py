@@ -28,9 +28,9 @@ from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, ANOMALY_WINDOW_PARTIALS, PLAYBACK_EVENT
 from app.playback.anomaly.detector import GROUP
 from app.servers import KafkaKRaftBroker, ensure_kafka_libs
-from app.servers.process import free_port_block
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
+from testing.ports import free_port_block
 from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -23,7 +23,7 @@ import requests
 from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 
-from app.servers.clickhouse import ClickHouseServer
+from testing.clickhouse import ClickHouseServer
 from tests.integration.api_fuzz import FuzzSummary, HmacAuth, call_documented, fuzz_seed, fuzz_worker
 from tests.integration.stack import API_KEY, API_SECRET, Stack, application, wait_for
 

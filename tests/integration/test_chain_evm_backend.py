@@ -33,7 +33,8 @@ from app.lifecycle.chain.registry import (
 )
 from app.platform.errors import DependencyUnavailable
 from app.servers.ganache import GanacheNode, rpc_call
-from app.servers.process import ServerNotInstalled, free_port
+from app.servers.process import ServerNotInstalled
+from testing.ports import free_port
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ from app.playback.sink.store import (
     list_anomalies,
     playback_stats,
 )
-from app.servers import ClickHouseServer
-from app.servers.clickhouse_cluster import ClickHouseCluster
 from schemas.types import MAX_EPOCH_MS
+from testing.clickhouse import ClickHouseServer
+from testing.clickhouse_cluster import ClickHouseCluster
 from tests.figures import Report
 from tests.integration.stack import API_KEY, API_SECRET, Stack, run_avcc
 from tests.integration.test_sink import (

@@ -15,8 +15,9 @@ from confluent_kafka import Consumer, Producer
 
 from app.dev_broker import start_dev_broker
 from app.platform.settings import Settings
-from app.servers import ServerNotInstalled, free_port
+from app.servers import ServerNotInstalled
 from app.servers.java import find_java
+from testing.ports import free_port
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -23,9 +23,9 @@ import pytest
 
 from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port, free_port_block
 from app.supervisor.broker_identity import CLUSTER_ID_FILE
 from app.supervisor.ports import port_holders
+from testing.ports import free_port, free_port_block
 from tests.integration.test_dev_stack import (
     ROOT,
     _application,

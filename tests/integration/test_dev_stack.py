@@ -30,7 +30,7 @@ import pytest
 
 from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port, free_port_block
+from testing.ports import free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 

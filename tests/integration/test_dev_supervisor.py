@@ -22,7 +22,7 @@ import pytest
 
 from app.platform.groups import GROUPS, group_spec
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port, free_port_block
+from testing.ports import free_port, free_port_block
 from tests.integration.test_dev_stack import (
     ROOT,
     _application,

@@ -69,7 +69,7 @@ import orjson
 from app.ops.retry.forwarder import RetryForwarder
 from app.platform.errors import DependencyTimeout
 from app.platform.faust.app import create_app
-from app.servers.process import free_port
+from testing.ports import free_port
 from app.platform.faust.runtime import Effects, GroupRuntime
 from app.platform.settings import get_settings
 from app.platform.topics import APPLY_CREATED

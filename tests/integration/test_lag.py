@@ -25,7 +25,8 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
-from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
+from app.servers import KafkaKRaftBroker, ManagedProcess
+from testing.ports import free_port
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

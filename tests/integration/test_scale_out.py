@@ -37,7 +37,8 @@ from app.platform.topics import (
     REVIEW_TASK_FINISHED,
     TOPIC_PLAN,
 )
-from app.servers import KafkaCluster, LedgerNode
+from testing.kafka_cluster import KafkaCluster
+from testing.ledger_node import LedgerNode
 from tests.integration.stack import CORE_GROUPS, Stack, application, issued_exactly_once, record_when
 from tests.integration.test_lifecycle import _read_all
 from tests.unit.lifecycle.applications import SETTLEMENT_INSTRUCTION

@@ -30,9 +30,10 @@ from app.playback.sink.clickhouse import ClickHouseBackend, connect
 from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.runner import SinkRunner
 from app.playback.sink.store import PLAYBACK_TABLE, count_distinct_events, list_anomalies, playback_stats
-from app.servers import ClickHouseServer, free_port
 from schemas import AnomalyDetected, FailureMetadata, encode_event, make_envelope
 from schemas.types import MAX_EPOCH_MS
+from testing.clickhouse import ClickHouseServer
+from testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

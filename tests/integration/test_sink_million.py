@@ -29,8 +29,8 @@ from app.platform.http.auth import sign_request
 from app.platform.kafka.producers import profile_config
 from app.playback.sink.clickhouse import connect
 from app.playback.sink.store import count_distinct_events, playback_stats
-from app.servers import ClickHouseServer
 from schemas.types import MAX_EPOCH_MS
+from testing.clickhouse import ClickHouseServer
 from tests.figures import Report
 from tests.integration.stack import API_KEY, API_SECRET, Stack
 from tests.integration.test_sink import Scenario, expected_stats, playback_value, stored_rows, wait_for

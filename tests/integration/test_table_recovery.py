@@ -33,7 +33,6 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
 from app.servers import KafkaKRaftBroker
-from app.servers.process import free_port_block
 from bench.code_state import (
     CLAIMS_CHANGELOG,
     RECORDS_CHANGELOG,
@@ -43,6 +42,7 @@ from bench.code_state import (
     read_changelog,
     synthetic_works,
 )
+from testing.ports import free_port_block
 from tests.figures import Report
 from tests.integration.reads import end_offsets
 from tests.integration.stack import Stack, application, issued_exactly_once, wait_for

@@ -25,7 +25,7 @@ from app.platform.http.routing import (
 )
 from app.platform.kafka.partitioner import partition_for, record_key
 from app.platform.settings import Settings
-from app.servers import free_port
+from testing.ports import free_port
 
 SELF = "http://127.0.0.2:7000"
 PEER = "http://127.0.0.3:7000"

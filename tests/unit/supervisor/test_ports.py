@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from app.servers.process import free_port
 from app.supervisor.ports import PortClaim, PortInUse, port_holders, require_free_ports
+from testing.ports import free_port
 
 
 def test_free_ports_pass() -> None:

@@ -219,7 +219,7 @@ async def test_record_counts_come_from_a_replica_named_earlier_when_the_configur
     from aiohttp.test_utils import TestServer
 
     from app.ops.console.peers import PeerError, Peers
-    from app.servers import free_port
+    from testing.ports import free_port
 
     async def counts(request: web.Request) -> web.Response:
         return web.json_response({"counts": {"issued": 1}, "replicas": []})

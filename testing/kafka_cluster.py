@@ -16,7 +16,9 @@ from confluent_kafka.admin import AdminClient
 
 from app.servers.kafka import KafkaKRaftBroker, new_cluster_id
 from app.servers.kafka_libs import ensure_kafka_libs
-from app.servers.process import LOOPBACK, free_port, port_is_open, stop_together
+from app.servers.process import LOOPBACK, port_is_open
+from testing.ports import free_port
+from testing.processes import stop_together
 
 __all__ = ["KafkaCluster", "KafkaClusterNode"]
 
