@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from app.lifecycle.chain.ledger import verify_ledger
-from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import consumer_group_id
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.kafka.clients import admin_client
+from app.platform.lag.reader import OffsetReader
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
 from app.servers import KafkaKRaftBroker

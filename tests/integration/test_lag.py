@@ -19,9 +19,9 @@ from confluent_kafka import Consumer, Message, Producer
 
 from app.ops.alerts import Alert
 from app.ops.lag.monitor import LagMonitor, LagReport
-from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagRule, LagSettings
 from app.platform.kafka.admin import apply_plan
+from app.platform.lag.reader import OffsetReader
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
 from app.platform.topics import DLQ

@@ -24,10 +24,10 @@ import pytest
 
 from app.api import APPLY
 from app.lifecycle.chain.ledger import verify_ledger
-from app.ops.lag.reader import OffsetReader
 from app.platform.faust.app import consumer_group_id
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
+from app.platform.lag.reader import OffsetReader
 from app.platform.settings import Settings
 from app.platform.topics import (
     APPLY_CREATED,

@@ -25,7 +25,6 @@ import orjson
 
 from app.ops.alerts import AlertSink, default_sinks
 from app.ops.console.rates import OffsetHistory
-from app.ops.lag.bounded import call_within
 from app.ops.lag.evaluation import (
     STATUS_ORDER,
     PartitionStatus,
@@ -37,9 +36,10 @@ from app.ops.lag.evaluation import (
     partition_status,
 )
 from app.ops.lag.lifecycle import AlertEvent, AlertTracker, iso_time, to_alert
-from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import BROKER_ERROR, LagSnapshot, PartitionOffsets
+from app.platform.lag.bounded import call_within
+from app.platform.lag.reader import OffsetReader
+from app.platform.lag.snapshot import BROKER_ERROR, LagSnapshot, PartitionOffsets
 from app.platform.metrics import ALERTS_SENT, CONSUMER_LAG, LAG_ALERTS, LAG_MONITOR_ERRORS, LAG_STATUS
 from app.platform.settings import Settings
 
@@ -240,7 +240,7 @@ class LagMonitor:
     async def take_snapshot(self) -> LagSnapshot:
         """The reader's snapshot; an error snapshot (``BROKER_ERROR``) if it does not answer within
         :meth:`snapshot_timeout_s`, after which a fresh reader replaces it (see
-        :mod:`app.ops.lag.bounded`): a monitor waiting for ever would stop every lag alert."""
+        :mod:`app.platform.lag.bounded`): a monitor waiting for ever would stop every lag alert."""
         reader = self.reader
         timeout = self.snapshot_timeout_s()
         try:

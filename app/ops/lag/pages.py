@@ -12,9 +12,9 @@ from app.ops.console.rates import OffsetHistory
 from app.ops.dlq.pages import page
 from app.ops.lag.lifecycle import iso_time
 from app.ops.lag.monitor import LagEvaluator, LagReport
-from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import BROKER_ERROR
+from app.platform.lag.reader import OffsetReader
+from app.platform.lag.snapshot import BROKER_ERROR
 from app.platform.settings import Settings
 
 __all__ = ["format_lag_table", "lag_json", "print_lag_table", "render_lag_html"]

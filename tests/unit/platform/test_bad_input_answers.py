@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from app.platform.faust.readiness import WorkerState, readiness
 from app.platform.http.auth import sign_request
 from app.platform.http.routing import RecordRequest, record_request
-from app.platform.http.views import WorkerState, readiness
 from app.platform.settings import Settings
 
 Client = TestClient[web.Request, web.Application]

@@ -10,7 +10,7 @@ from app.ops.console.pages import Overview, overview_html
 from app.ops.console.rates import OffsetHistory, rate_series
 from app.ops.console.settings import ConsoleSettings
 from app.ops.console.workbench import PAGE_SIZE, WorkbenchQuery, workbench_html
-from app.ops.lag.snapshot import LagSnapshot, PartitionOffsets
+from app.platform.lag.snapshot import LagSnapshot, PartitionOffsets
 from app.platform.metrics import TIME_TO_CODE_BUCKETS
 from app.platform.settings import Settings
 

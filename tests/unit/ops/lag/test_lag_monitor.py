@@ -14,8 +14,8 @@ from app.ops.lag import pages as lag_pages
 from app.ops.lag.lifecycle import AlertEvent, alertmanager_payload
 from app.ops.lag.monitor import LagEvaluator, LagMonitor
 from app.ops.lag.pages import format_lag_table, render_lag_html
-from app.ops.lag.reader import OffsetReader
-from app.ops.lag.snapshot import BROKER_ERROR, LagSnapshot
+from app.platform.lag.reader import OffsetReader
+from app.platform.lag.snapshot import BROKER_ERROR, LagSnapshot
 from app.platform.settings import Settings
 from tests.unit.ops.lag.lag_samples import GROUP, T0, TOPIC, config, one, rule, sample, snap
 

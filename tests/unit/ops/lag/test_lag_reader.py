@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from app.ops.lag import reader as reader_module
-from app.ops.lag.reader import OffsetReader, ReaderAborted
+from app.platform.lag import reader as reader_module
+from app.platform.lag.reader import OffsetReader, ReaderAborted
 from app.platform.settings import Settings
 from tests.unit.ops.lag.lag_samples import config
 

@@ -12,8 +12,10 @@ import pytest
 from faust.types import TP
 
 from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import PartitionOffsets
-from app.platform.http.views import WorkerLagExporter, WorkerState, install_common_views, readiness
+from app.platform.faust.readiness import WorkerState, readiness
+from app.platform.http.views import install_common_views
+from app.platform.lag.export import WorkerLagExporter
+from app.platform.lag.snapshot import PartitionOffsets
 from tests.unit.ops.lag.lag_samples import sample
 
 # ----------------------------------------------------------------------------- worker views

@@ -19,8 +19,8 @@ from typing import Any, Final
 from confluent_kafka import Consumer, TopicPartition
 
 from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
 from app.platform.kafka.clients import admin_client, consumer_config
+from app.platform.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
 from app.platform.metrics import LAG_MONITOR_ERRORS
 from app.platform.settings import Settings
 
