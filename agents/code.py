@@ -53,6 +53,7 @@ from app.platform.faust.runtime import (
     source_topic,
 )
 from app.platform.http.auth import RequestRefused, authenticate, read_body, signed_json
+from app.platform.http.batch_body import BatchError
 from app.platform.http.openapi import route
 from app.platform.http.peers import PeerClient, is_peer_call
 from app.platform.http.responses import json_error, json_response
@@ -80,7 +81,6 @@ from app.platform.topics import (
     CODE_REVIEW_FINISHED,
     REVIEW_TASK_FINISHED,
 )
-from app.playback.gateway.ingest import BatchError
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed

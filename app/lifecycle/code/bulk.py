@@ -1,6 +1,6 @@
 """Bulk applications (``POST /v1/avcc/applications:batch``): many works in one signed request.
 
-A batch is a JSON array or NDJSON (the gateway's reader, :func:`parse_items`), at most
+A batch is a JSON array or NDJSON (read by :func:`app.platform.http.batch_body.parse_items`), at most
 ``AVCC_BULK_MAX_ITEMS`` items. Each item gets exactly the answer the single route would give
 it: 202 with its record (a repeated ``request_id`` gets the same record again), 409 with the
 record that already holds its ``content_hash``, or 400 naming the fields. The valid items are
@@ -32,8 +32,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.lifecycle.code.claims import CLAIM_SLOTS, application_answer
+from app.platform.http.batch_body import BatchError, parse_items
 from app.platform.http.responses import BadRequest, validate_object
-from app.playback.gateway.ingest import BatchError, parse_items
 from schemas.application import ApplicationRequest
 
 __all__ = [

@@ -13,20 +13,14 @@ from aiohttp import web
 
 from app.api import PLAYBACK_EVENTS
 from app.platform.http.auth import NonceCache, RequestRefused, authenticate
+from app.platform.http.batch_body import BatchError, parse_items
 from app.platform.http.nonces import NonceStore
 from app.platform.http.responses import json_error, json_response
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import INGEST_ITEMS
 from app.platform.settings import Settings
 from app.platform.topics import PLAYBACK_EVENT
-from app.playback.gateway.ingest import (
-    QUEUE_FULL,
-    BatchError,
-    GatewaySettings,
-    admit,
-    parse_items,
-    playback_producer,
-)
+from app.playback.gateway.ingest import QUEUE_FULL, GatewaySettings, admit, playback_producer
 
 __all__ = ["ROUTE", "PlaybackIngest"]
 

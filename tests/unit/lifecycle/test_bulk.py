@@ -13,10 +13,10 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from app.lifecycle.code import bulk as bulk_module
 from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, PendingClaims, claim_batch, read_batch
+from app.platform.http.batch_body import NDJSON, BatchError
 from app.platform.http.responses import BadRequest, parse_body
 from app.platform.kafka.partitioner import partition_for
 from app.platform.topics import CODE_CLAIMS
-from app.playback.gateway.ingest import NDJSON, BatchError
 from schemas.application import ApplicationRequest
 
 
