@@ -188,7 +188,7 @@ ANOMALY = TopicSpec(
 )
 #: Snapshots of the anomaly detector's open windows, one partition per playback partition (key =
 #: the partition number). Not in TOPIC_PLAN: the detector creates it itself
-#: (``tables.anomaly.ensure_state_topic``) with the 16 MiB ``max.message.bytes`` its snapshots need.
+#: (:mod:`app.playback.anomaly.state`) with the 16 MiB ``max.message.bytes`` its snapshots need.
 ANOMALY_WINDOW_CHANGELOG = TopicSpec(
     name="avcc-anomaly-window-changelog",
     partitions=PLAYBACK_EVENT.partitions,

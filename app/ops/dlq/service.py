@@ -16,8 +16,9 @@ import asyncio
 import functools
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from mode import Service
@@ -28,17 +29,45 @@ from app.ops.dlq.journal import KafkaJournal
 from app.ops.dlq.state import StateChange
 from app.ops.dlq.store import DlqStore
 from app.platform.faust.runtime import now_ms
+from app.platform.kafka.admin import apply_plan
 from app.platform.kafka.clients import consumer_config, verified_producer
 from app.platform.kafka.consumer_loop import ConsumerLoop
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import DLQ_INDEXED
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import DLQ, DLQ_STATE
-from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path, ensure_state_topic
 
-__all__ = ["DlqPartitions", "DlqService", "install_dlq"]
+__all__ = [
+    "DLQ_CONSUMER_GROUP",
+    "DLQ_STORE_DIR",
+    "DlqPartitions",
+    "DlqService",
+    "dlq_store_path",
+    "ensure_state_topic",
+    "install_dlq",
+]
 
 log = logging.getLogger(__name__)
+
+
+#: Directory of the DLQ store under the data dir.
+DLQ_STORE_DIR: Final = "dlq"
+#: Consumer group whose commits mirror the DLQ store's positions (for lag monitoring only).
+DLQ_CONSUMER_GROUP: Final = "avcc-ops-dlq"
+
+
+def dlq_store_path(settings: Settings) -> Path:
+    """Where the DLQ store lives: ``<data dir>/dlq`` (created on demand)."""
+    return settings.resolve_data_path(DLQ_STORE_DIR)
+
+
+def ensure_state_topic(settings: Settings, name: str = DLQ_STATE.name) -> None:
+    """Create the DLQ state topic ``name`` (laid out like :data:`DLQ_STATE`) if it is missing.
+
+    ``avcc worker ops`` and ``avcc topics apply`` create it with the plan; this covers an ops
+    service embedded in another App (tests, tooling). Blocks on the broker: call from a thread.
+    """
+    apply_plan(settings, [replace(DLQ_STATE, name=name)])
 
 
 Position = tuple[str, int]

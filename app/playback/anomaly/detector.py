@@ -19,9 +19,10 @@ replay produces the same ids (the sink stores them once).
 
 Durability: offsets of both topics are committed every ``commit_interval_s`` (and on
 revocation/stop) only after the partials and anomalies produced so far are acknowledged and a
-snapshot of every changed state is in the local store and acknowledged on its compacted
-changelog (:mod:`tables.anomaly`); on assignment each partition's snapshot is restored and the
-consumer seeks to its offset. A partial replayed after a crash is merged once (source marks).
+snapshot of every changed state is in the local store and acknowledged on its compacted changelog
+(declared in :mod:`tables.anomaly`, backed by :mod:`app.playback.anomaly.state`); on assignment each
+partition's snapshot is restored and the consumer seeks to its offset. A partial replayed after a
+crash is merged once (source marks).
 """
 
 from __future__ import annotations
@@ -73,10 +74,7 @@ from app.playback.anomaly.config import AnomalySettings
 from app.playback.anomaly.merge import ClosedWindow, Merger, MergeState
 from app.playback.anomaly.partials import Partial, decode_partial, encode_partials
 from app.playback.anomaly.rules import to_anomaly
-from app.playback.anomaly.windows import PartitionClose, PartitionState, Windows
-from schemas.codec import dumps
-from schemas.envelope import make_envelope
-from tables.anomaly import (
+from app.playback.anomaly.state import (
     CHANGELOG_TOPIC,
     MERGE_CHANGELOG_TOPIC,
     SNAPSHOT_MAX_BYTES,
@@ -86,6 +84,9 @@ from tables.anomaly import (
     restore_states,
     window_store_dir,
 )
+from app.playback.anomaly.windows import PartitionClose, PartitionState, Windows
+from schemas.codec import dumps
+from schemas.envelope import make_envelope
 
 __all__ = ["GROUP", "AnomalyDetector"]
 
