@@ -29,7 +29,7 @@ from app.ops.dlq.journal import KafkaJournal
 from app.ops.dlq.state import StateChange
 from app.ops.dlq.store import DlqStore
 from app.platform.faust.runtime import now_ms
-from app.platform.kafka.admin import apply_plan
+from app.platform.kafka.admin import ensure_state_topic
 from app.platform.kafka.clients import consumer_config, verified_producer
 from app.platform.kafka.consumer_loop import ConsumerLoop
 from app.platform.kafka.producers import EventProducer
@@ -43,7 +43,6 @@ __all__ = [
     "DlqPartitions",
     "DlqService",
     "dlq_store_path",
-    "ensure_state_topic",
     "install_dlq",
 ]
 
@@ -59,15 +58,6 @@ DLQ_CONSUMER_GROUP: Final = "avcc-ops-dlq"
 def dlq_store_path(settings: Settings) -> Path:
     """Where the DLQ store lives: ``<data dir>/dlq`` (created on demand)."""
     return settings.resolve_data_path(DLQ_STORE_DIR)
-
-
-def ensure_state_topic(settings: Settings, name: str = DLQ_STATE.name) -> None:
-    """Create the DLQ state topic ``name`` (laid out like :data:`DLQ_STATE`) if it is missing.
-
-    ``avcc worker ops`` and ``avcc topics apply`` create it with the plan; this covers an ops
-    service embedded in another App (tests, tooling). Blocks on the broker: call from a thread.
-    """
-    apply_plan(settings, [replace(DLQ_STATE, name=name)])
 
 
 Position = tuple[str, int]
@@ -159,7 +149,8 @@ class DlqService(Service):
         await self.partitions.call(self.partitions.open)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, ensure_state_topic, self.settings, self.state_topic)
+            state_topic = replace(DLQ_STATE, name=self.state_topic)
+            await loop.run_in_executor(None, ensure_state_topic, self.settings, state_topic)
         except Exception as exc:  # broker not there yet: the assignment loop waits for the topic
             log.warning("could not ensure the DLQ state topic %s: %r", self.state_topic, exc)
         self._producer = await loop.run_in_executor(

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -50,6 +51,7 @@ from app.platform.errors import DependencyUnavailable
 from app.platform.faust.app import consumer_group_id
 from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.groups import group_spec
+from app.platform.kafka.admin import ensure_state_topic
 from app.platform.kafka.clients import consumer_config, producer_config
 from app.platform.kafka.consumer_loop import ConsumerLoop
 from app.platform.metrics import (
@@ -80,7 +82,6 @@ from app.playback.anomaly.state import (
     SNAPSHOT_MAX_BYTES,
     StateTopic,
     WindowStore,
-    ensure_state_topic,
     restore_states,
     window_store_dir,
 )
@@ -215,15 +216,12 @@ class AnomalyDetector(ConsumerLoop):
         """Consume until :meth:`stop`; checkpoint and leave the group on the way out."""
         raise_gen0_threshold(self.anomaly_settings.gc_gen0_threshold)
         settings = self.settings
-        ensure_state_topic(
-            settings, ANOMALY_WINDOW_CHANGELOG, topic=self.changelog_topic, partitions=self.partitions
-        )
-        ensure_state_topic(
-            settings, ANOMALY_WINDOW_PARTIALS, topic=self.partials_topic, partitions=self.buckets
-        )
-        ensure_state_topic(
-            settings, ANOMALY_MERGE_CHANGELOG, topic=self.merge_changelog_topic, partitions=self.buckets
-        )
+        for spec, name, partitions in (
+            (ANOMALY_WINDOW_CHANGELOG, self.changelog_topic, self.partitions),
+            (ANOMALY_WINDOW_PARTIALS, self.partials_topic, self.buckets),
+            (ANOMALY_MERGE_CHANGELOG, self.merge_changelog_topic, self.buckets),
+        ):
+            ensure_state_topic(settings, replace(spec, name=name, partitions=partitions))
         self._store = WindowStore(Path(self.state_dir))
         self._producer = Producer(self._producer_config())
         consumer = self._consumer = self.open()

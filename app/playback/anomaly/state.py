@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import NewTopic
 from rocksdict import Rdict
 
 from app.platform.errors import DependencyUnavailable
-from app.platform.kafka.clients import admin_client, consumer_config
+from app.platform.kafka.clients import consumer_config
 from app.platform.settings import Settings
-from app.platform.topics import ANOMALY_MERGE_CHANGELOG, ANOMALY_WINDOW_CHANGELOG, TopicSpec
+from app.platform.topics import ANOMALY_MERGE_CHANGELOG, ANOMALY_SNAPSHOT_MAX_BYTES, ANOMALY_WINDOW_CHANGELOG
 from app.playback.anomaly.windows import SNAPSHOT_VERSION, PartitionState
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "PartitionState",
     "StateTopic",
     "WindowStore",
-    "ensure_state_topic",
     "read_changelog",
     "restore_states",
     "window_store_dir",
@@ -41,8 +39,8 @@ log = logging.getLogger(__name__)
 CHANGELOG_TOPIC: Final = ANOMALY_WINDOW_CHANGELOG.name
 #: Compacted topic of stage-2 snapshots; one partition per partials partition.
 MERGE_CHANGELOG_TOPIC: Final = ANOMALY_MERGE_CHANGELOG.name
-#: Snapshots can be big (open windows of a busy partition): allow 16 MiB records on the topic.
-SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024
+#: Snapshots can be big (open windows of a busy partition): the topics allow records this large.
+SNAPSHOT_MAX_BYTES: Final = ANOMALY_SNAPSHOT_MAX_BYTES
 #: Consumer group id of the changelog reads on restore (assign only: it never joins or commits).
 RESTORE_GROUP: Final = "avcc-anomaly-restore"
 _TIMEOUT_S: Final = 30.0
@@ -111,76 +109,6 @@ class WindowStore:
         """Flush and release the database lock."""
         self._db.flush()
         self._db.close()
-
-
-def ensure_state_topic(
-    settings: Settings,
-    spec: TopicSpec,
-    *,
-    topic: str | None = None,
-    partitions: int | None = None,
-    replication_factor: int | None = None,
-) -> bool:
-    """Create a topic of the detector's own (``spec``'s layout) if missing; ``True`` when created.
-
-    ``topic``/``partitions`` override the spec's (tests, bench, a source topic of another size).
-    An existing topic with another partition count is refused (``ValueError``): states are
-    addressed by partition number. The replication factor defaults to the settings'.
-    """
-    topic = topic if topic is not None else spec.name
-    partitions = partitions if partitions is not None else spec.partitions
-    admin = admin_client(settings)
-    metadata = admin.list_topics(timeout=_TIMEOUT_S)
-    existing = metadata.topics.get(topic)
-    if existing is not None and existing.error is None:
-        if len(existing.partitions) != partitions:
-            raise ValueError(
-                f"{topic} has {len(existing.partitions)} partitions, the plan {partitions}: "
-                "delete it (it is rebuilt from the next snapshots) or fix the plan"
-            )
-        return False
-    if replication_factor is None:
-        replication_factor = settings.replication_factor
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication_factor,
-        config=spec.broker_config() | {"max.message.bytes": str(SNAPSHOT_MAX_BYTES)},
-    )
-    for name, future in admin.create_topics([new], operation_timeout=_TIMEOUT_S).items():
-        try:
-            future.result(timeout=_TIMEOUT_S)
-        except Exception as exc:  # KafkaException: a concurrent worker may have created it
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                _wait_until_led(admin, topic, partitions)
-                return False
-            raise DependencyUnavailable(f"cannot create {name}: {exc}") from exc
-    _wait_until_led(admin, topic, partitions)
-    log.info("created %s topic %s (%d partitions)", spec.cleanup_policy, topic, partitions)
-    return True
-
-
-def _wait_until_led(admin: Any, topic: str, partitions: int) -> None:
-    """Return once the broker's metadata shows ``topic`` with every partition led.
-
-    A topic just created reaches the brokers' metadata a little later (KRaft propagates it), and
-    a consumer that subscribes before then is told the topic does not exist and looks again only
-    at its next metadata refresh, minutes later: the detector's second stage would sit idle.
-    """
-    deadline = time.monotonic() + _TIMEOUT_S
-    while True:
-        found = admin.list_topics(topic=topic, timeout=_TIMEOUT_S).topics.get(topic)
-        if (
-            found is not None
-            and found.error is None
-            and len(found.partitions) == partitions
-            and all(p.leader >= 0 for p in found.partitions.values())
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise DependencyUnavailable(f"{topic} was created but its partitions have no leader yet")
-        time.sleep(0.1)
 
 
 def read_changelog(
