@@ -22,7 +22,7 @@ from app.ops.console.views import install_home
 from app.ops.dlq.console import install_console
 from app.ops.lag.monitor import LagMonitor
 from app.ops.lag.pages import lag_json, render_lag_html
-from app.ops.lag.settings import LagSettings
+from app.ops.lag.settings import get_lag_settings
 from app.platform.faust.app import get_app
 from app.platform.http.headers import LIVE_PAGE_POLICY
 from app.platform.http.operators import OPERATOR_ATTRIBUTE
@@ -35,9 +35,9 @@ log = logging.getLogger(__name__)
 
 app = get_app("ops")
 #: Lag monitor settings (``AVCC_LAG_*``), read once at import.
-LAG_CONFIG = LagSettings()
+LAG_CONFIG = get_lag_settings()
 # The monitor exports every group's lag itself, so no per-worker export here.
-common = install_common_views(app, "ops", export_lag=False, lag_config=LAG_CONFIG)
+common = install_common_views(app, "ops", export_lag=False)
 
 _monitor: list[LagMonitor] = []
 

@@ -16,6 +16,7 @@ SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.playback.gateway.ingest", "GatewaySettings", "gateway group"),
     ("app.playback.sink.config", "SinkConfig", "sink group"),
     ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
+    ("app.platform.lag.settings", "LagReadSettings", "lag reading (every worker, the lag monitor)"),
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
     ("app.ops.console.settings", "ConsoleSettings", "console overview and review workbench (ops group)"),
     ("app.ops.slo.settings", "SloSettings", "time-to-code service levels (console, alert rules)"),

@@ -81,7 +81,7 @@ def committed_lag(bootstrap: str, group: str, topic: str) -> int | None:
     sees them; ``None`` when some partition could not be read this time."""
     settings = Settings(kafka_url=f"kafka://{bootstrap}")
     partitions = sorted(admin_client(settings).list_topics(topic, timeout=10).topics[topic].partitions)
-    reader = OffsetReader(settings, LagSettings(rules=()))
+    reader = OffsetReader(settings, watched=LagSettings(rules=()).watched())
     try:
         rows = reader.group_offsets(group, [(topic, p) for p in partitions])
     finally:

@@ -229,7 +229,7 @@ def test_reader_ignores_groups_outside_the_prefix(broker: KafkaKRaftBroker, uniq
         consumer.close()
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
     config = LagSettings(rules=(), group_prefix=group)
-    reader = OffsetReader(settings, config)
+    reader = OffsetReader(settings, watched=config.watched())
     try:
         snapshot = reader.snapshot()
     finally:

@@ -28,12 +28,12 @@ import faust
 from mode import Service
 from prometheus_client import generate_latest
 
-from app.ops.lag.settings import LagSettings
 from app.platform.faust.readiness import AssignmentSource, ReadyCheck, WorkerState, readiness, uses_consumer
 from app.platform.groups import GROUPS
 from app.platform.http.nonces import NonceLedger, nonce_store
 from app.platform.http.openapi import install_openapi
 from app.platform.lag.export import WorkerLagExporter, lag_export_service
+from app.platform.lag.settings import get_lag_read_settings
 from app.platform.lag.watchdog import StallWatchdog
 from app.platform.metrics import REGISTRY
 from app.platform.settings import get_settings
@@ -69,7 +69,6 @@ def install_common_views(
     group: str,
     *,
     export_lag: bool = True,
-    lag_config: LagSettings | None = None,
     assignment: AssignmentSource | None = None,
     ready_check: ReadyCheck | None = None,
 ) -> WorkerState:
@@ -126,7 +125,7 @@ def install_common_views(
     install_openapi(app, group)
 
     if export_lag:
-        config = lag_config if lag_config is not None else LagSettings()
+        config = get_lag_read_settings()
         exporter = WorkerLagExporter(app, group, config=config, assignment=assignment)
         state.exporter = exporter
         # the watchdog guards faust's consumer; groups with their own consumer (sink, anomaly,

@@ -19,13 +19,13 @@ from typing import Any
 import faust
 from mode import Service
 
-from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import consumer_group_id
 from app.platform.faust.batches import offsets_view
 from app.platform.faust.readiness import AssignmentSource, faust_consumer_of
 from app.platform.faust.recovery import table_recovery
 from app.platform.lag.bounded import call_within
 from app.platform.lag.reader import OffsetReader
+from app.platform.lag.settings import LagReadSettings, get_lag_read_settings
 from app.platform.lag.snapshot import PartitionOffsets
 from app.platform.lag.watchdog import (
     RecoveryWatch,
@@ -54,14 +54,14 @@ class WorkerLagExporter:
         group: str,
         *,
         settings: Settings | None = None,
-        config: LagSettings | None = None,
+        config: LagReadSettings | None = None,
         reader_factory: Callable[[], OffsetReader] | None = None,
         assignment: AssignmentSource | None = None,
     ) -> None:
         self.app = app
         self.group_id = consumer_group_id(group)
         self._settings = settings
-        self._config = config if config is not None else LagSettings()
+        self._config = config if config is not None else get_lag_read_settings()
         self._reader_factory = reader_factory
         self._assignment = assignment
         self._reader: OffsetReader | None = None
@@ -72,7 +72,8 @@ class WorkerLagExporter:
             if self._reader_factory is not None:
                 self._reader = self._reader_factory()
             else:
-                self._reader = OffsetReader(self._settings or get_settings(), self._config)
+                timeout = self._config.request_timeout_s
+                self._reader = OffsetReader(self._settings or get_settings(), request_timeout_s=timeout)
         return self._reader
 
     def assigned(self) -> list[tuple[str, int]]:
