@@ -53,7 +53,6 @@ from app.platform.faust.runtime import (
     source_topic,
 )
 from app.platform.http.auth import RequestRefused, authenticate, read_body, signed_json
-from app.platform.http.batch_body import BatchError
 from app.platform.http.openapi import route
 from app.platform.http.peers import PeerClient, is_peer_call
 from app.platform.http.responses import json_error, json_response
@@ -290,7 +289,9 @@ class PeerClaims(faust.web.View):
         if not is_peer_call(request, body, settings):
             return json_error(401, "not a signed peer call", reason="peer_signature")
         if not (partition.isascii() and partition.isdigit() and int(partition) < CODE_CLAIMS.partitions):
-            return json_error(400, "partition: not a claims partition", fields=["partition"])
+            return json_error(
+                400, "partition: not a claims partition", reason="bad_parameter", fields=["partition"]
+            )
         number = int(partition)
         if not partitions_settled(app) or not owns_claims(number):
             return rebalancing_answer(f"claims partition {number} is not held here")
@@ -301,7 +302,10 @@ class PeerClaims(faust.web.View):
             return rebalancing_answer(f"claims partition {number} moved")
         except (ValueError, TypeError) as exc:
             return json_error(
-                400, f"body: not a list of applications ({type(exc).__name__})", fields=["body"]
+                400,
+                f"body: not a list of applications ({type(exc).__name__})",
+                reason="schema",
+                fields=["body"],
             )
         return json_response({"replies": replies})
 
@@ -319,7 +323,12 @@ class Applications(faust.web.View):
             partition = claims_partition(application)
             replies = await asyncio.wait_for(ask_claims(partition, [application]), CLAIM_TIMEOUT_S)
         except (TimeoutError, ClaimMoved):
-            return json_error(503, "claim not answered; retry with the same request_id", retry_after_s=1)
+            return json_error(
+                503,
+                "claim not answered; retry with the same request_id",
+                reason="claim_pending",
+                retry_after_s=1,
+            )
         status, answer = application_answer(application.request_id, replies[0])
         return json_response(answer, status)
 
@@ -340,10 +349,8 @@ class BatchApplications(faust.web.View):
             # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
             content_type = request.content_type if "Content-Type" in request.headers else ""
             valid, refused = read_batch(signed.body, content_type, bulk.max_items)
-        except RequestRefused as exc:
+        except RequestRefused as exc:  # the body's BatchError too
             return exc.response()
-        except BatchError as exc:
-            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
         if not bulk_claims.admits([application for _, application in valid]):
             return json_error(
                 429,
@@ -371,7 +378,7 @@ class Record(faust.web.View):
             return routed
         state = records.get(str(req.record_id))
         if state is None:
-            return json_error(404, f"record {avcc_record_id} not found")
+            return json_error(404, f"record {avcc_record_id} not found", reason="not_found")
         return json_response(state.public())
 
 
@@ -384,7 +391,7 @@ class RecentRecordsPage(faust.web.View):
         try:
             recent = await recent_records(records.table.values())
         except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
-            return web.Response(status=503, text="rebalancing; retry\n", headers={"Retry-After": "1"})
+            return rebalancing_answer("the table's partitions changed under the page")
         return web.Response(text=render_recent_records(recent), content_type="text/html")
 
 

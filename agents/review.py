@@ -106,16 +106,16 @@ class Decision(faust.web.View):
         try:
             req = parse_body(HumanDecisionRequest, signed.body)
         except BadRequest as exc:
-            return json_error(400, str(exc), fields=list(exc.fields))
+            return exc.response()
         record_id, key = signed.record_id, signed.key
         routed = await answer_at_owner(app, tasks.table, signed, request, settings)
         if routed is not None:
             return routed
         task = tasks.get(str(record_id))
         if task is None:
-            return json_error(404, f"no review task for record {record_id}")
+            return json_error(404, f"no review task for record {record_id}", reason="not_found")
         if task.status != "need_human":
-            return json_error(409, f"task is {task.status}, not need_human")
+            return json_error(409, f"task is {task.status}, not need_human", reason="not_need_human")
         decision = HumanDecision(
             avcc_record_id=record_id,
             decision_id=str(uuid.uuid4()),

@@ -97,4 +97,6 @@ class InstructionStatus(faust.web.View):
         if record is not None:
             return json_response(record.public())
         found = None if forwarded else await answer_from_peers(app, clearing.table, request, settings)
-        return found or json_error(404, f"instruction {instruction_id} not cleared yet or unknown")
+        return found or json_error(
+            404, f"instruction {instruction_id} not cleared yet or unknown", reason="not_found"
+        )

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
+from app.platform.errors import AvccError
+
 __all__ = [
     "LOOPBACK",
     "ManagedProcess",
@@ -34,7 +36,7 @@ _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_BYTES = 4000
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(AvccError):
     """A managed server was started but did not become ready (or exited early)."""
 
 

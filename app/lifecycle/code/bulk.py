@@ -191,8 +191,9 @@ class PendingClaims:
             del self._answers[key]
 
 
-def _item_error(index: int, message: str, fields: Sequence[str]) -> dict[str, Any]:
-    return {"index": index, "http_status": 400, "error": message, "fields": list(fields)}
+def _item_error(index: int, message: str, fields: Sequence[str], reason: str) -> dict[str, Any]:
+    """The answer of an item the single route would refuse with 400 (its body, and its index)."""
+    return {"index": index, "http_status": 400, "error": message, "reason": reason, "fields": list(fields)}
 
 
 def read_batch(
@@ -212,12 +213,13 @@ def read_batch(
     refused: dict[int, dict[str, Any]] = {}
     for index, item in enumerate(items):
         if index in line_errors:
-            refused[index] = _item_error(index, line_errors[index].replace("<root>:", "body:", 1), ("body",))
+            message = line_errors[index].replace("<root>:", "body:", 1)
+            refused[index] = _item_error(index, message, ("body",), "malformed_json")
             continue
         try:
             valid.append((index, validate_object(ApplicationRequest, item)))
         except BadRequest as exc:
-            refused[index] = _item_error(index, str(exc), exc.fields)
+            refused[index] = _item_error(index, str(exc), exc.fields, exc.reason)
     return valid, refused
 
 

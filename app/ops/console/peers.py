@@ -14,13 +14,14 @@ import aiohttp
 import orjson
 
 from app.ops.console.settings import ConsoleSettings
+from app.platform.errors import AvccError
 from app.platform.http.signing import sign_request
 from app.platform.settings import Settings
 
 __all__ = ["PeerError", "Peers"]
 
 
-class PeerError(RuntimeError):
+class PeerError(AvccError):
     """A worker could not be reached, or refused the console's request."""
 
 

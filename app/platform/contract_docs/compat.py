@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from app.platform.contract_docs.json_schemas import END_OF_TEXT, ENVELOPE_FILE
+from app.platform.errors import AvccError
 
 __all__ = ["Break", "GitRefError", "compare_documents", "compare_sets", "schemas_at_ref"]
 
@@ -46,7 +47,7 @@ class Break:
         return f"{self.document}: {self.field}: {self.change} ({self.detail})"
 
 
-class GitRefError(RuntimeError):
+class GitRefError(AvccError):
     """The ref cannot be read (unknown ref, not a git checkout)."""
 
 

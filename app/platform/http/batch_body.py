@@ -13,6 +13,8 @@ from typing import Any, Final
 
 import orjson
 
+from app.platform.http.responses import RequestRefused
+
 __all__ = ["NDJSON", "VALUES_PER_ITEM", "BatchError", "TooManyItems", "parse_items"]
 
 NDJSON: Final = "application/x-ndjson"
@@ -20,15 +22,11 @@ NDJSON: Final = "application/x-ndjson"
 VALUES_PER_ITEM: Final = 7
 
 
-class BatchError(Exception):
+class BatchError(RequestRefused):
     """The body cannot be read as a batch (400/413/415); ``status`` and ``reason`` say why."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        #: More fields of the JSON answer.
-        self.details: dict[str, Any] = {}
+    def __init__(self, status: int, reason: str, message: str, **extra: Any) -> None:
+        super().__init__(message, status=status, reason=reason, **extra)
 
 
 class TooManyItems(BatchError):
@@ -36,8 +34,9 @@ class TooManyItems(BatchError):
 
     def __init__(self, count: int | None, limit: int) -> None:
         counted = f"{count} items" if count is not None else f"more than {limit} items"
-        super().__init__(413, "too_many_items", f"batch has {counted}; the limit is {limit}")
-        self.details = {"limit_items": limit}
+        super().__init__(
+            413, "too_many_items", f"batch has {counted}; the limit is {limit}", limit_items=limit
+        )
 
 
 def parse_items(

@@ -66,7 +66,7 @@ _SECURITY_TEXT: Final = {
 #: ``{"error", "reason", ...}``: every refusal and error of every route.
 ERROR_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
-    "required": ["error"],
+    "required": ["error", "reason"],
     "properties": {
         "error": {"type": "string", "description": "What went wrong, for a person."},
         "reason": {"type": "string", "description": "A fixed word a program can branch on."},

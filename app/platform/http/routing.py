@@ -355,6 +355,11 @@ async def record_request(
         return exc.response()
     digits = avcc_record_id
     if not (digits.isascii() and digits.isdigit() and len(digits) <= _MAX_RECORD_ID_DIGITS):
-        return json_error(400, "avcc_record_id: must be a decimal integer", fields=["avcc_record_id"])
+        return json_error(
+            400,
+            "avcc_record_id: must be a decimal integer",
+            reason="bad_parameter",
+            fields=["avcc_record_id"],
+        )
     record_id = int(digits)
     return RecordRequest(signed, record_id, record_key(record_id), is_forwarded(request, settings))

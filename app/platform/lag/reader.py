@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, TopicPartition
 
+from app.platform.errors import AvccError
 from app.platform.kafka.clients import admin_client, consumer_config
 from app.platform.lag.settings import get_lag_read_settings
 from app.platform.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
@@ -42,7 +43,7 @@ def _close_quietly(client: Any) -> None:
         log.debug("closing %r failed", client, exc_info=True)
 
 
-class ReaderAborted(RuntimeError):
+class ReaderAborted(AvccError):
     """A read stopped because the reader was aborted or closed meanwhile."""
 
 

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from app.api import PLAYBACK_EVENTS
 from app.platform.http.auth import NonceCache, RequestRefused, authenticate
-from app.platform.http.batch_body import BatchError, parse_items
+from app.platform.http.batch_body import parse_items
 from app.platform.http.nonces import NonceStore
 from app.platform.http.responses import json_error, json_response
 from app.platform.kafka.producers import EventProducer
@@ -72,14 +72,11 @@ class PlaybackIngest:
                 max_body_bytes=limits.max_body_bytes,
                 nonces=self.nonces,
             )
-        except RequestRefused as exc:
-            return exc.response()
-        try:
             # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
             content_type = request.content_type if "Content-Type" in request.headers else ""
             items, errors = parse_items(signed.body, content_type, limits.max_items)
-        except BatchError as exc:
-            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
+        except RequestRefused as exc:  # the body's BatchError too
+            return exc.response()
         producer = self.producer
         if producer.queue_length() + len(items) > limits.max_queue:
             INGEST_ITEMS.labels("throttled").inc(len(items))
