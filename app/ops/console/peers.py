@@ -1,8 +1,10 @@
 """Signed calls from the console to the review, code and sink workers' ``/v1/`` routes.
 
-The console is a partner of the other groups, not a reader of their tables: it signs with the
-key of :meth:`ConsoleSettings.signing_key`, so every check those routes make (signature, scope,
-nonce) applies to it too.
+The console is a partner of the other groups, not a peer and not a reader of their tables: it
+signs with the key of :meth:`ConsoleSettings.signing_key`, so every check those routes make
+(signature, scope, nonce) applies to it too, and a decision records that key. Its calls go
+through the one client of calls between workers (:class:`~app.platform.http.peers.PeerCalls`),
+carrying the partner signature instead of a peer one.
 """
 
 from __future__ import annotations
@@ -10,19 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
 import orjson
 
 from app.ops.console.settings import ConsoleSettings
-from app.platform.errors import AvccError
+from app.platform.http.peers import PeerCalls, PeerError
 from app.platform.http.signing import sign_request
 from app.platform.settings import Settings
 
 __all__ = ["PeerError", "Peers"]
-
-
-class PeerError(AvccError):
-    """A worker could not be reached, or refused the console's request."""
 
 
 class Peers:
@@ -31,6 +28,7 @@ class Peers:
     def __init__(self, settings: Settings, config: ConsoleSettings) -> None:
         self.settings = settings
         self.config = config
+        self.calls = PeerCalls(settings, config.peer_timeout_s)
 
     @property
     def key_id(self) -> str | None:
@@ -51,21 +49,14 @@ class Peers:
         if body is not None:
             headers["Content-Type"] = "application/json"
         base = (base or self.config.peer_url(self.settings, group)).rstrip("/")
-        url = base + path_qs
-        timeout = aiohttp.ClientTimeout(total=self.config.peer_timeout_s)
         try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.request(method, url, data=data, headers=headers) as response,
-            ):
-                raw = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise PeerError(f"{group} worker at {base} unreachable ({type(exc).__name__})") from exc
+            reply = await self.calls.request(base, method, path_qs, data, headers=headers, peer=False)
+        except PeerError as exc:
+            raise PeerError(f"{group} worker at {base} unreachable ({exc})") from exc
         try:
-            return status, orjson.loads(raw) if raw else None
+            return reply.status, orjson.loads(reply.body) if reply.body else None
         except orjson.JSONDecodeError as exc:
-            raise PeerError(f"{group} worker answered {status} with non-JSON") from exc
+            raise PeerError(f"{group} worker answered {reply.status} with non-JSON") from exc
 
     async def get_ok(self, group: str, path_qs: str, *, base: str | None = None) -> Any:
         """The JSON body of a ``GET`` that must answer 200."""

@@ -236,4 +236,5 @@ async def test_record_counts_come_from_a_replica_named_earlier_when_the_configur
         with pytest.raises(PeerError, match="unreachable"):
             await peers.get_from_any("code", "/v1/avcc/record-counts", [])
     finally:
+        await peers.calls.close()
         await server.close()
