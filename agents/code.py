@@ -23,7 +23,7 @@ from faust.types import TP
 
 from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS, TIME_TO_CODE
 from app.lifecycle.code.answers import ClaimMoved, ClaimWaiters
-from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
+from app.lifecycle.code.bulk import PendingClaims, claim_batch, read_batch
 from app.lifecycle.code.claim_routing import PEER_CLAIMS, ClaimRouting, claims_partition
 from app.lifecycle.code.claims import CLAIM_TIMEOUT_S, application_answer, plan_claims
 from app.lifecycle.code.recent import recent_records, render_recent_records
@@ -35,6 +35,7 @@ from app.lifecycle.code.records import (
     tx_confirmed,
 )
 from app.lifecycle.code.replica_summaries import ReplicaSummaries
+from app.lifecycle.code.settings import BulkSettings
 from app.lifecycle.code.status_counts import StatusCounts
 from app.lifecycle.code.time_to_code import TimeToCodeWindow, final_answer, waiting_since
 from app.platform.faust.app import get_app

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from app.api import DECIDE, TASKS
 from app.lifecycle.review.listing import TaskPage, TaskQuery, merge_pages
-from app.lifecycle.review.rules import ReviewConfig
+from app.lifecycle.review.settings import ReviewConfig
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_topic

@@ -166,8 +166,8 @@ def clickhouse_url(args: argparse.Namespace, component: str) -> str:
 
 
 def run_sink(args: argparse.Namespace) -> dict[str, Any]:
-    from app.playback.sink.config import SinkConfig, SinkTopics
     from app.playback.sink.runner import SinkRunner
+    from app.playback.sink.settings import SinkConfig, SinkTopics
 
     settings = kafka_settings(args, "sink")
     runner = SinkRunner(
@@ -189,8 +189,8 @@ def run_sink(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_anomaly(args: argparse.Namespace) -> dict[str, Any]:
-    from app.playback.anomaly.config import AnomalySettings
     from app.playback.anomaly.detector import AnomalyDetector
+    from app.playback.anomaly.settings import AnomalySettings
 
     u = uuid.uuid4().hex[:8]
     detector = AnomalyDetector(

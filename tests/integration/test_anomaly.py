@@ -18,9 +18,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.settings import Settings
-from app.playback.anomaly.config import AnomalySettings
 from app.playback.anomaly.detector import AnomalyDetector
 from app.playback.anomaly.rules import ANOMALY_NAMESPACE
+from app.playback.anomaly.settings import AnomalySettings
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
 from tests.integration.reads import end_offsets, wait_committed

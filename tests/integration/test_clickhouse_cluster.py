@@ -31,7 +31,7 @@ from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT, TOPIC_PLAN
 from app.playback.sink.clickhouse import ClickHouseBackend, connect
 from app.playback.sink.cluster import LOCAL_SUFFIX
-from app.playback.sink.config import SinkTopics
+from app.playback.sink.settings import SinkTopics
 from app.playback.sink.store import (
     ANOMALY_INSERT_COLUMNS,
     ANOMALY_TABLE,

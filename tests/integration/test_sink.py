@@ -27,8 +27,8 @@ from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
 from app.playback.sink.clickhouse import ClickHouseBackend, connect
-from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.runner import SinkRunner
+from app.playback.sink.settings import SinkConfig, SinkTopics
 from app.playback.sink.store import PLAYBACK_TABLE, count_distinct_events, list_anomalies, playback_stats
 from schemas import AnomalyDetected, FailureMetadata, encode_event, make_envelope
 from schemas.types import MAX_EPOCH_MS

@@ -14,7 +14,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.lifecycle.review.rules import ReviewConfig, review_application
+from app.lifecycle.review.rules import review_application
+from app.lifecycle.review.settings import ReviewConfig
 from app.platform.errors import BusinessRuleViolation
 from app.platform.faust.dedup import SeenEvents
 from app.platform.faust.effects import Outgoing

@@ -72,10 +72,10 @@ from app.platform.topics import (
     ANOMALY_WINDOW_PARTIALS,
     PLAYBACK_EVENT,
 )
-from app.playback.anomaly.config import AnomalySettings
 from app.playback.anomaly.merge import ClosedWindow, Merger, MergeState
 from app.playback.anomaly.partials import Partial, decode_partial, encode_partials
 from app.playback.anomaly.rules import to_anomaly
+from app.playback.anomaly.settings import AnomalySettings
 from app.playback.anomaly.state import (
     CHANGELOG_TOPIC,
     MERGE_CHANGELOG_TOPIC,

@@ -20,7 +20,8 @@ from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import INGEST_ITEMS
 from app.platform.settings import Settings
 from app.platform.topics import PLAYBACK_EVENT
-from app.playback.gateway.ingest import QUEUE_FULL, GatewaySettings, admit, playback_producer
+from app.playback.gateway.ingest import QUEUE_FULL, admit, playback_producer
+from app.playback.gateway.settings import GatewaySettings
 
 __all__ = ["ROUTE", "PlaybackIngest"]
 

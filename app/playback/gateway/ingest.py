@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ValidationError
 
 from app.platform.groups import group_spec
 from app.platform.kafka.clients import verified_producer
@@ -44,7 +43,6 @@ __all__ = [
     "EVENT_ID_NAMESPACE",
     "QUEUE_FULL",
     "Admission",
-    "GatewaySettings",
     "admit",
     "envelope_bytes",
     "event_id_for",
@@ -63,25 +61,6 @@ QUEUE_FULL: Final = "producer queue full, retry later"
 #: Items validated together by the columnar check: one invalid item sends only its chunk to
 #: the per-item path.
 CHUNK: Final = 256
-
-
-class GatewaySettings(BaseSettings):
-    """Limits of the playback gateway. Each field maps to ``AVCC_GATEWAY_<FIELD>``."""
-
-    model_config = SettingsConfigDict(env_prefix="AVCC_GATEWAY_", frozen=True, extra="ignore")
-
-    max_items: int = Field(default=5_000, ge=1, description="Most items per batch (more: 413).")
-    max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="Largest request body in bytes (more: 413)."
-    )
-    max_queue: int = Field(
-        default=100_000,
-        ge=1,
-        description="Producer queue depth (messages) above which batches get 429; keep it below "
-        "the playback profile's queue.buffering.max.messages (200k).",
-    )
-    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 answer.")
-    topic: str | None = Field(default=None, description="Topic override (bench/tests; default: the plan's).")
 
 
 def playback_producer(settings: Settings) -> EventProducer:

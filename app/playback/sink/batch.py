@@ -23,8 +23,8 @@ from app.platform.errors import NON_RETRIABLE
 from app.platform.metrics import PROCESSING_SECONDS, SINK_PENDING_MESSAGES
 from app.playback.sink.checks import ParsedPlayback, parse_playback, playback_row
 from app.playback.sink.columns import AnomalyColumns, PlaybackColumns
-from app.playback.sink.config import SinkTopics
 from app.playback.sink.dlq import DeadLetter, dead_letter
+from app.playback.sink.settings import SinkTopics
 from app.playback.sink.store import ANOMALY_INSERT_COLUMNS, PLAYBACK_INSERT_COLUMNS, PLAYBACK_TABLE
 from schemas.envelope import decode_as
 from schemas.playback import PlaybackEvent

@@ -54,8 +54,8 @@ from app.platform.settings import Settings
 from app.playback.sink.batch import GROUP, BatchAssembly, SinkBatch, SinkStats
 from app.playback.sink.clickhouse import ClickHouseBackend
 from app.playback.sink.columns import PlaybackColumns
-from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.dlq import DeadLetterSender
+from app.playback.sink.settings import SinkConfig, SinkTopics
 from app.playback.sink.store import ANOMALY_TABLE, PLAYBACK_TABLE, ensure_schema
 
 __all__ = ["CLIENT_ID", "SinkLoop", "sink_consumer_config"]

@@ -12,9 +12,9 @@ from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.settings import Settings
 from app.playback.sink.batch import GROUP
 from app.playback.sink.clickhouse import ChdbBackend, ClickHouseBackend, connect
-from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.dlq import DeadLetterProducer
 from app.playback.sink.loop import SinkLoop
+from app.playback.sink.settings import SinkConfig, SinkTopics
 
 __all__ = ["SinkRunner"]
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lifecycle.review.rules import RULE_VERSION, ReviewConfig, report_hash, review_application
+from app.lifecycle.review.rules import RULE_VERSION, report_hash, review_application
+from app.lifecycle.review.settings import ReviewConfig
 from app.platform.errors import ConfigurationError, SchemaViolation
 from schemas.apply import ApplyCreated
 from tests.unit.lifecycle.applications import application_fields as payload

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from app.lifecycle.review.rules import ReviewConfig
+from app.lifecycle.review.settings import ReviewConfig
 from app.lifecycle.review.tasks import EVENT_NS, ReviewTask, human_decided, is_duplicate, review_created
 from app.platform.errors import BusinessRuleViolation
 from app.platform.topics import REVIEW_TASK_FINISHED

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from app.platform.gc_tuning import raise_gen0_threshold
-from app.playback.anomaly.config import AnomalySettings
-from app.playback.sink.config import SinkConfig
+from app.playback.anomaly.settings import AnomalySettings
+from app.playback.sink.settings import SinkConfig
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import orjson
 
 from app.platform.errors import DependencyUnavailable
 from app.platform.settings import Settings
-from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.loop import SinkLoop
+from app.playback.sink.settings import SinkConfig, SinkTopics
 from tests.unit.playback.playback_documents import T0, event
 
 # --- the sink loop over the store (scripted consumer, no broker) -----------------------------------
