@@ -35,7 +35,7 @@ from app.lifecycle.code.records import (
     tx_confirmed,
 )
 from app.lifecycle.code.replica_summaries import ReplicaSummaries
-from app.lifecycle.code.settings import BulkSettings
+from app.lifecycle.code.settings import get_bulk_settings
 from app.lifecycle.code.status_counts import StatusCounts
 from app.lifecycle.code.time_to_code import TimeToCodeWindow, final_answer, waiting_since
 from app.platform.faust.app import get_app
@@ -74,7 +74,7 @@ __all__ = ["app"]
 
 app = get_app("code")
 settings = get_settings()
-bulk = BulkSettings()
+bulk = get_bulk_settings()
 bulk_claims = PendingClaims(bulk.max_in_flight, bulk.ask_timeout_s)
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from app.api import DECIDE, TASKS
 from app.lifecycle.review.listing import TaskPage, TaskQuery, merge_pages
-from app.lifecycle.review.settings import ReviewConfig
+from app.lifecycle.review.settings import get_review_settings
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_topic
@@ -39,7 +39,7 @@ app = get_app("review")
 settings = get_settings()
 runtime = GroupRuntime("review", "review-svc", app)
 install_common_views(app, "review")
-review_config = ReviewConfig()
+review_config = get_review_settings()
 #: Who holds which partition of the tasks table, and the calls to them.
 routing = OwnerRouting(app, tasks.table, settings)
 

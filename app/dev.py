@@ -36,11 +36,11 @@ from app.supervisor import (
     GroupSupervisor,
     PortClaim,
     PortInUse,
-    SupervisorSettings,
     TablesFromAnotherBroker,
     check_tables_belong_to,
     require_free_ports,
 )
+from app.supervisor.settings import get_supervisor_settings
 
 __all__ = ["EXIT_BROKER_LOST", "EXIT_PORT_IN_USE", "EXIT_TABLES_FROM_ANOTHER_BROKER", "run_dev_stack"]
 
@@ -104,7 +104,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
         return EXIT_PORT_IN_USE
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    policy = SupervisorSettings().policy()
+    policy = get_supervisor_settings().policy()
     broker: KafkaKRaftBroker | None = None
     broker_supervisor: BrokerSupervisor | None = None
     dev_chain: DevChain | None = None

@@ -182,11 +182,8 @@ def stack_broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
     return kafka_broker
 
 
-@pytest.fixture(scope="module")
-def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
-    """A Kafka broker of the requesting module alone, for modules that run agent-group workers:
-    on the session broker they would join the session core stack's consumer groups."""
-    root = tmp_path_factory.mktemp("module-kafka")
+def _private_broker(root: Path) -> tuple[str, KafkaKRaftBroker]:
+    """A broker of one module or test, started, on its data in ``root``: its name and itself."""
     name = f"kafka ({root.name})"
     broker = _launch(
         name,
@@ -194,6 +191,24 @@ def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaf
             root, ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
         ),
     )
+    return name, broker
+
+
+@pytest.fixture(scope="module")
+def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
+    """A Kafka broker of the requesting module alone, for modules that run agent-group workers:
+    on the session broker they would join the session core stack's consumer groups."""
+    name, broker = _private_broker(tmp_path_factory.mktemp("module-kafka"))
+    yield broker
+    _shutdown(name, broker)
+
+
+@pytest.fixture
+def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
+    """A Kafka broker of the requesting test alone, with the plan's topics: for a test whose
+    workers run as in production (the plan's topics, the group's own consumer group)."""
+    name, broker = _private_broker(tmp_path_factory.mktemp("own-kafka"))
+    apply_plan(Settings(kafka_url=f"kafka://{broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     yield broker
     _shutdown(name, broker)
 

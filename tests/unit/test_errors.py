@@ -6,26 +6,10 @@ The test walks every module of the product packages (``agents``, ``tables``, ``a
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
-from types import ModuleType
 
 from app.platform.errors import AvccError
-
-PRODUCT_PACKAGES = ("schemas", "app", "tables", "agents")
-
-
-def product_modules() -> list[ModuleType]:
-    """Every importable module of the product packages (``__main__`` modules left out)."""
-    modules: list[ModuleType] = []
-    for name in PRODUCT_PACKAGES:
-        package = importlib.import_module(name)
-        modules.append(package)
-        for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
-            if info.name.rsplit(".", 1)[-1] != "__main__":
-                modules.append(importlib.import_module(info.name))
-    return modules
+from tests.unit.product_modules import product_modules
 
 
 def test_every_error_the_product_defines_derives_from_avcc_error() -> None:

@@ -6,8 +6,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.lifecycle.code.claims import CLAIM_SLOTS
+from app.platform.settings import SettingsGetter, cached_settings
 
-__all__ = ["BulkSettings"]
+__all__ = ["BulkSettings", "get_bulk_settings"]
 
 
 class BulkSettings(BaseSettings):
@@ -37,3 +38,7 @@ class BulkSettings(BaseSettings):
         "answered 429 (throttled) instead of timing out.",
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 batch answer.")
+
+
+#: The process's bulk route settings.
+get_bulk_settings: SettingsGetter[BulkSettings] = cached_settings(BulkSettings)

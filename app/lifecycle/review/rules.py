@@ -29,7 +29,7 @@ from typing import Any, Final
 import orjson
 from pydantic import ValidationError
 
-from app.lifecycle.review.settings import ReviewConfig
+from app.lifecycle.review.settings import ReviewSettings, get_review_settings
 from app.platform.errors import SchemaViolation
 from schemas.apply import ApplyCreated
 from schemas.review import ReviewTaskFinished
@@ -105,10 +105,10 @@ def _coerce(payload: ApplyCreated | Mapping[str, Any]) -> ApplyCreated:
 
 
 def review_application(
-    payload: ApplyCreated | Mapping[str, Any], config: ReviewConfig | None = None
+    payload: ApplyCreated | Mapping[str, Any], config: ReviewSettings | None = None
 ) -> ReviewOutcome:
     """Review an application (an :class:`ApplyCreated` or its JSON dict; ``SchemaViolation`` if invalid)."""
-    cfg = config or ReviewConfig()
+    cfg = config or get_review_settings()
     app = _coerce(payload)
     model = app.ai_tool_info.model_name.strip().lower()
     version = app.ai_tool_info.model_version.strip()

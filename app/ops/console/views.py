@@ -22,13 +22,13 @@ from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import ROUTE_HOME, Overview, overview_html
 from app.ops.console.peers import PeerError, Peers
 from app.ops.console.rates import OffsetHistory
-from app.ops.console.settings import ConsoleSettings
+from app.ops.console.settings import ConsoleSettings, get_console_settings
 from app.ops.console.workbench import ROUTE_DECIDE, ROUTE_REVIEW, WorkbenchQuery, workbench_html
 from app.ops.console.workers import group_workers
 from app.ops.dlq.console import DlqConsole, Handler, faust_view
 from app.ops.dlq.entries import DlqError
 from app.ops.lag.monitor import LagMonitor
-from app.ops.slo.settings import SloSettings
+from app.ops.slo.settings import get_slo_settings
 
 __all__ = ["ConsoleHome", "install_home"]
 
@@ -50,11 +50,11 @@ class ConsoleHome:
         tokens: FormTokens | None = None,
     ) -> None:
         self.dlq = dlq
-        self.config = config if config is not None else ConsoleSettings()
+        self.config = config if config is not None else get_console_settings()
         self.monitor = monitor
         self.peers = Peers(dlq.settings, self.config)
         self.tokens = tokens if tokens is not None else FormTokens(ttl_s=self.config.form_token_ttl_s)
-        self.objectives = SloSettings()
+        self.objectives = get_slo_settings()
         #: The code replicas the last record counts named: asked when the configured one is away.
         self.code_replicas: list[str] = []
 

@@ -75,7 +75,12 @@ from app.platform.topics import (
 from app.playback.anomaly.merge import ClosedWindow, Merger, MergeState
 from app.playback.anomaly.partials import Partial, decode_partial, encode_partials
 from app.playback.anomaly.rules import to_anomaly
-from app.playback.anomaly.settings import AnomalySettings
+from app.playback.anomaly.settings import (
+    AnomalyRuleSettings,
+    AnomalySettings,
+    get_anomaly_rule_settings,
+    get_anomaly_settings,
+)
 from app.playback.anomaly.state import (
     CHANGELOG_TOPIC,
     MERGE_CHANGELOG_TOPIC,
@@ -120,6 +125,7 @@ class AnomalyDetector(ConsumerLoop):
         settings: Settings,
         config: AnomalySettings | None = None,
         *,
+        rules: AnomalyRuleSettings | None = None,
         source_topic: str = PLAYBACK_EVENT.name,
         anomaly_topic: str = ANOMALY.name,
         changelog_topic: str = CHANGELOG_TOPIC,
@@ -132,8 +138,8 @@ class AnomalyDetector(ConsumerLoop):
         on_anomaly: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.anomaly_settings = config if config is not None else AnomalySettings()
-        self.rules = self.anomaly_settings.rule_config()
+        self.anomaly_settings = config if config is not None else get_anomaly_settings()
+        self.rules = rules if rules is not None else get_anomaly_rule_settings()
         self.source_topic = source_topic
         self.anomaly_topic = anomaly_topic
         self.changelog_topic = changelog_topic

@@ -21,7 +21,7 @@ from app.platform.metrics import INGEST_ITEMS
 from app.platform.settings import Settings
 from app.platform.topics import PLAYBACK_EVENT
 from app.playback.gateway.ingest import QUEUE_FULL, admit, playback_producer
-from app.playback.gateway.settings import GatewaySettings
+from app.playback.gateway.settings import GatewaySettings, get_gateway_settings
 
 __all__ = ["ROUTE", "PlaybackIngest"]
 
@@ -44,8 +44,8 @@ class PlaybackIngest:
         nonces: NonceStore | NonceCache | None = None,
     ) -> None:
         self.settings = settings
-        self.limits = limits if limits is not None else GatewaySettings()
-        self.topic = topic or self.limits.topic or PLAYBACK_EVENT.name
+        self.limits = limits if limits is not None else get_gateway_settings()
+        self.topic = topic or PLAYBACK_EVENT.name
         self.nonces = nonces
         self._producer = producer
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["GatewaySettings"]
+from app.platform.settings import SettingsGetter, cached_settings
+
+__all__ = ["GatewaySettings", "get_gateway_settings"]
 
 
 class GatewaySettings(BaseSettings):
@@ -24,4 +26,7 @@ class GatewaySettings(BaseSettings):
         "the playback profile's queue.buffering.max.messages (200k).",
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 answer.")
-    topic: str | None = Field(default=None, description="Topic override (bench/tests; default: the plan's).")
+
+
+#: The process's gateway settings.
+get_gateway_settings: SettingsGetter[GatewaySettings] = cached_settings(GatewaySettings)

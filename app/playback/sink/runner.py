@@ -10,11 +10,11 @@ from collections.abc import Callable
 from app.platform.faust.app import consumer_group_id
 from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.settings import Settings
-from app.playback.sink.batch import GROUP
+from app.playback.sink.batch import GROUP, SinkTopics
 from app.playback.sink.clickhouse import ChdbBackend, ClickHouseBackend, connect
 from app.playback.sink.dlq import DeadLetterProducer
 from app.playback.sink.loop import SinkLoop
-from app.playback.sink.settings import SinkConfig, SinkTopics
+from app.playback.sink.settings import SinkSettings, get_sink_settings
 
 __all__ = ["SinkRunner"]
 
@@ -28,15 +28,15 @@ class SinkRunner:
         self,
         settings: Settings,
         *,
-        config: SinkConfig | None = None,
+        config: SinkSettings | None = None,
         topics: SinkTopics | None = None,
         group_id: str | None = None,
         clickhouse_url: str | None = None,
     ) -> None:
         self.settings = settings
-        self.config = config if config is not None else SinkConfig()
-        self.topics = topics if topics is not None else SinkTopics.from_config(self.config)
-        self.group_id = group_id or self.config.group_id or consumer_group_id(GROUP)
+        self.config = config if config is not None else get_sink_settings()
+        self.topics = topics if topics is not None else SinkTopics()
+        self.group_id = group_id or consumer_group_id(GROUP)
         self.clickhouse_url = clickhouse_url or settings.clickhouse_url
         cluster = settings.clickhouse_cluster
         self.backend = connect(self.clickhouse_url, settings.data_dir, cluster)
