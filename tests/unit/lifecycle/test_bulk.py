@@ -137,6 +137,7 @@ def test_claims_are_asked_once_per_partition_and_answered_per_item_in_index_orde
         "avcc_record_id": 77,
         "status": "conflict",
         "error": "content_hash already registered",
+        "reason": "content_hash_taken",
         "existing_request_id": "req_other",
     }
     assert [a["http_status"] for a in outcome.items] == [202, 400, 409, 429, 202, 429]
