@@ -39,7 +39,7 @@ typecheck:  ## mypy (strict on the packages)
 	$(VENV)/bin/mypy
 
 contracts:  ## contract artefacts fresh and backward compatible with the merge base (origin/main, main, else HEAD)
-	$(PY) -m app.platform.contract_docs --check
+	$(PY) -m app.contract_docs --check
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 		base=$$(git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null || git rev-parse HEAD); \
 		$(PY) -m app contracts check --against "$$base"; \

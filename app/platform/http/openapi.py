@@ -5,7 +5,7 @@ its key must hold, the request body model or query parameters, and every answer 
 (status -> schema). From the same declarations come
 
 * ``GET /openapi.json`` of each worker (:func:`install_openapi`: its own routes plus the probes),
-* the merged partner document ``schemas/openapi.yaml`` (written by ``app.platform.contract_docs``),
+* the merged partner document ``schemas/openapi.yaml`` (written by ``app.contract_docs``),
 * the mounting of the view itself (:func:`route`), so a route cannot exist undocumented.
 
 Every error answer has one shape, :data:`ERROR_SCHEMA` (``{"error", "reason", ...}`` of
