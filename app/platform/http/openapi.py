@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from app.platform.credentials import Scope
 from app.platform.http.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP
+from schemas.types import MAX_EPOCH_MS
 
 if TYPE_CHECKING:
     import faust
@@ -30,8 +31,11 @@ if TYPE_CHECKING:
 __all__ = [
     "API_VERSION",
     "DOCUMENT_ROUTE",
+    "EPOCH_MS",
     "ERROR_SCHEMA",
+    "INTEGER",
     "PROBES",
+    "STRING",
     "Body",
     "Operation",
     "Param",
@@ -62,6 +66,12 @@ _SECURITY_TEXT: Final = {
         "one per line (see app.platform.http.signing)."
     ),
 }
+
+#: JSON schemas the route declarations of every domain are written with.
+STRING: Final[Mapping[str, Any]] = {"type": "string"}
+INTEGER: Final[Mapping[str, Any]] = {"type": "integer"}
+#: Epoch milliseconds, as every ``*_ms`` parameter takes them.
+EPOCH_MS: Final[Mapping[str, Any]] = {"type": "integer", "minimum": 0, "maximum": MAX_EPOCH_MS}
 
 #: ``{"error", "reason", ...}``: every refusal and error of every route.
 ERROR_SCHEMA: Final[dict[str, Any]] = {

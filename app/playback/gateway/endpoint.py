@@ -11,7 +11,6 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import PLAYBACK_EVENTS
 from app.platform.http.auth import NonceCache, RequestRefused, authenticate
 from app.platform.http.batch_body import parse_items
 from app.platform.http.nonces import NonceStore
@@ -20,6 +19,7 @@ from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import INGEST_ITEMS
 from app.platform.settings import Settings
 from app.platform.topics import PLAYBACK_EVENT
+from app.playback.api import PLAYBACK_EVENTS
 from app.playback.gateway.ingest import QUEUE_FULL, admit, playback_producer
 from app.playback.gateway.settings import GatewaySettings, get_gateway_settings
 
