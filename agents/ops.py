@@ -16,8 +16,10 @@ import faust
 from aiohttp import web
 from mode import Service
 
+from app.api import ANOMALIES, DECIDE, RECORD_COUNTS, TASKS, TIME_TO_CODE, partner_document
 from app.ops.api_docs import install_api_docs
 from app.ops.console.live import install_live_script
+from app.ops.console.peers import PartnerRoutes
 from app.ops.console.views import install_home
 from app.ops.dlq.console import install_console
 from app.ops.lag.monitor import LagMonitor
@@ -102,10 +104,12 @@ console = install_console(app, get_settings())
 common.ready_check = console.readiness
 
 # The partner API document as HTML (app/ops/api_docs.py), behind the operator login.
-install_api_docs(app)
+install_api_docs(app, partner_document())
 # ----------------------------------------------------------------------------- overview + review
 # The home page (groups, topics, rates, records, DLQ, anomalies) and the human review workbench
 # (app/ops/console): they reach the code, review and sink workers through their signed routes.
-home = install_home(app, console, lambda: _monitor[0] if _monitor else None)
+#: The other groups' routes the console calls.
+partner_routes = PartnerRoutes(TASKS.path, DECIDE.path, RECORD_COUNTS.path, TIME_TO_CODE.path, ANOMALIES.path)
+home = install_home(app, console, lambda: _monitor[0] if _monitor else None, partner_routes)
 # The console's one script: the lag page's live numbers (app/ops/console/live.js).
 install_live_script(app)

@@ -10,6 +10,7 @@ carrying the partner signature instead of a peer one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,7 +20,24 @@ from app.platform.http.peers import PeerCalls, PeerError
 from app.platform.http.signing import sign_request
 from app.platform.settings import Settings
 
-__all__ = ["PeerError", "Peers"]
+__all__ = ["PartnerRoutes", "PeerError", "Peers"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartnerRoutes:
+    """The paths of the other groups' ``/v1/`` routes the console calls. Their declarations stand
+    above the domains (:mod:`app.api`): the ops group's wiring hands them over."""
+
+    #: ``GET`` the review tasks (the workbench's page).
+    tasks: str
+    #: ``POST`` a reviewer's decision, with ``{avcc_record_id}``.
+    decide: str
+    #: ``GET`` the records by status of every code replica.
+    record_counts: str
+    #: ``GET`` the time to code of every code replica.
+    time_to_code: str
+    #: ``GET`` the playback anomalies.
+    anomalies: str
 
 
 class Peers:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.api import TASKS
 from app.ops.console.charts import sparkline
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import Overview, overview_html
@@ -190,7 +191,7 @@ def test_workbench_query_asks_the_review_workers_for_one_page() -> None:
         {"applicant": " applicant-7 ", "level": "P", "waiting": "1h", "after": "5:6", "bogus": "x"}
     )
     assert query == WorkbenchQuery("applicant-7", "P", "1h", "5:6")
-    assert query.tasks_path(now_ms=10_000_000) == (
+    assert query.tasks_path(TASKS.path, now_ms=10_000_000) == (
         f"/v1/review/tasks?status=need_human&limit={PAGE_SIZE}&applicant_id=applicant-7&final_level=P"
         "&created_before_ms=6400000&after=5:6"
     )
