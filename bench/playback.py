@@ -185,7 +185,7 @@ def run_sink(args: argparse.Namespace) -> dict[str, Any]:
             lambda: stats.rows_written >= args.events, lambda: stats.consumed > 0, args.timeout
         )
     finally:
-        runner.stop()
+        runner.close()
     return result("sink", stats.rows_written, t1 - t0, c1 - c0, dead_lettered=stats.dead_lettered)
 
 

@@ -67,6 +67,7 @@ from pathlib import Path
 import orjson
 
 from app.ops.retry.forwarder import RetryForwarder
+from app.platform.faust.own_consumer import OwnConsumerService
 from app.platform.errors import DependencyTimeout
 from app.platform.faust.app import create_app
 from testing.ports import free_port
@@ -138,7 +139,9 @@ async def consume(stream):
     await runtime.consume(stream, handler, contract_topics={TOPIC: APPLY_CREATED.name}, parking=parking)
 
 
-app.service(RetryForwarder(settings, group_id=f"{APP_ID}-retry", target_groups={GROUP}))
+app.service(
+    OwnConsumerService(lambda: RetryForwarder(settings, group_id=f"{APP_ID}-retry", target_groups={GROUP}))
+)
 
 if os.environ.get("FAULTS_CONSOLE") == "1":
     from app.ops.dlq.console import install_console

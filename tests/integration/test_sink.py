@@ -236,7 +236,7 @@ def runners() -> Iterator[list[SinkRunner]]:
     started: list[SinkRunner] = []
     yield started
     for runner in started:
-        runner.stop(15)
+        runner.close(15)
 
 
 def start_runner(scenario: Scenario, started: list[SinkRunner], **config: Any) -> SinkRunner:

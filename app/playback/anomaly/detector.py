@@ -53,7 +53,7 @@ from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.groups import group_spec
 from app.platform.kafka.admin import ensure_state_topic
 from app.platform.kafka.clients import consumer_config, producer_config
-from app.platform.kafka.consumer_loop import ConsumerLoop
+from app.platform.kafka.consumer_loop import ConsumerLoop, in_thread
 from app.platform.metrics import (
     ANOMALIES,
     ANOMALY_CHECKPOINT_SECONDS,
@@ -195,7 +195,7 @@ class AnomalyDetector(ConsumerLoop):
         """The stage-1 window state of each owned source partition."""
         return self.windows.states
 
-    def assigned_partitions(self) -> list[tuple[str, int]]:
+    def assignment(self) -> list[tuple[str, int]]:
         """``(topic, partition)`` of every partition whose state this detector holds."""
         owned = [(self.source_topic, p) for p in list(self.states)]
         return owned + [(self.partials_topic, p) for p in list(self.merger.states)]
@@ -205,6 +205,14 @@ class AnomalyDetector(ConsumerLoop):
     def stop(self) -> None:
         """Ask :meth:`run` to checkpoint and return (thread-safe)."""
         self._stop.set()
+
+    async def serve(self) -> None:
+        """:meth:`run` on a thread of its own, for the worker's own-consumer service."""
+        await in_thread(self.run, "anomaly-detector")
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once assigned: a restored partition is consumed from its snapshot's offset."""
+        return True, ""
 
     def _producer_config(self) -> dict[str, Any]:
         return producer_config(
