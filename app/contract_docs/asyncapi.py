@@ -96,10 +96,6 @@ def _failure_headers() -> dict[str, Any]:
     }
 
 
-def _key_schema(spec: TopicSpec) -> dict[str, Any]:
-    return {"type": "string", "description": f"Kafka record key: {spec.key_field} (UTF-8 text)"}
-
-
 def _messages(examples: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
     messages: dict[str, Any] = {}
     for topic, model in PAYLOAD_MODELS.items():

@@ -58,22 +58,13 @@ class RetryConsumer(ConsumerLoop):
     def __init__(self, config: dict[str, Any], topic: str, holds: PartitionHolds) -> None:
         super().__init__(config, [topic])
         self.holds = holds
-        #: Set (on the event loop) once partitions were assigned.
-        self.got_partitions = asyncio.Event()
-        self._event_loop: asyncio.AbstractEventLoop | None = None
-
-    def bind(self, event_loop: asyncio.AbstractEventLoop) -> None:
-        """Signal :attr:`got_partitions` on ``event_loop`` (the forwarder's)."""
-        self._event_loop = event_loop
 
     def on_assigned(self, partitions: list[TopicPartition]) -> None:
-        """Forget any holds of the new partitions and wake those waiting for an assignment."""
+        """Forget any holds of the new partitions."""
         for tp in partitions:
             self.holds.forget((tp.topic, tp.partition))
         if partitions:
             log.info("retry forwarder assigned %s", sorted(tp.partition for tp in partitions))
-            if self._event_loop is not None:
-                self._event_loop.call_soon_threadsafe(self.got_partitions.set)
 
     def on_revoked(self, partitions: list[TopicPartition], lost: bool) -> None:
         """Forget the holds of partitions this forwarder no longer owns."""
@@ -115,11 +106,6 @@ class RetryForwarder:
         self._stopping = threading.Event()
         self.forwarded = 0
 
-    @property
-    def assigned(self) -> asyncio.Event:
-        """Set once the consumer group gave this forwarder partitions."""
-        return self.consumer_loop.got_partitions
-
     def assignment(self) -> list[tuple[str, int]]:
         """``(topic, partition)`` pairs this forwarder's consumer owns."""
         return sorted(self.consumer_loop.assigned)
@@ -138,7 +124,6 @@ class RetryForwarder:
         :meth:`stop`; then close the consumer (after its last poll) and flush the producer."""
         loop = asyncio.get_running_loop()
         self._producer = await loop.run_in_executor(None, verified_producer, self.settings, "core", CLIENT_ID)
-        self.consumer_loop.bind(loop)
         await self._call(self.consumer_loop.open)
         try:
             while not self._stopping.is_set():

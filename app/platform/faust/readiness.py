@@ -11,15 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import faust
 
 from app.platform.faust.recovery import table_recovery
 from app.platform.http.nonces import NonceLedger
-
-if TYPE_CHECKING:
-    from app.platform.lag.export import WorkerLagExporter
 
 __all__ = ["AssignmentSource", "ReadyCheck", "WorkerState", "faust_consumer_of", "readiness", "uses_consumer"]
 
@@ -45,7 +42,6 @@ class WorkerState:
     assignment: AssignmentSource | None = field(default=None, repr=False)
     #: The group's own readiness condition, checked once the App has started.
     ready_check: ReadyCheck | None = field(default=None, repr=False)
-    exporter: WorkerLagExporter | None = field(default=None, repr=False)
     #: The shared nonce store of a group that serves signed routes (``None``: none, or local).
     nonces: NonceLedger | None = field(default=None, repr=False)
 

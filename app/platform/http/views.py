@@ -127,7 +127,6 @@ def install_common_views(
     if export_lag:
         config = get_lag_read_settings()
         exporter = WorkerLagExporter(app, group, config=config, assignment=assignment)
-        state.exporter = exporter
         # the watchdog guards faust's consumer; groups with their own consumer (sink, anomaly,
         # retry) pause on purpose (e.g. during a ClickHouse outage) and handle their clients
         stall_s = get_settings().worker_stall_s
