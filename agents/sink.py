@@ -14,8 +14,8 @@ Run: ``faust -A agents.sink worker -l info --web-port 6072`` (or ``avcc worker s
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import faust
 from aiohttp import web
@@ -46,17 +46,28 @@ app: faust.App = get_app(GROUP)
 # only join the group pointlessly (and an App without topics cannot subscribe at all).
 app.boot_strategy = app.BootStrategy(app, enable_kafka=False)
 
+
+class Report(Protocol):
+    """A report request the sink answers from ClickHouse."""
+
+    def run(self, backend: ClickHouseBackend) -> Any: ...
+
+
 #: The sink, run for the life of the worker; its crash stops the worker.
 sink, common = own_consumer(app, GROUP, lambda: SinkRunner(get_settings()), stop_timeout_s=35.0)
 
 
-async def _answer(work: Callable[[ClickHouseBackend], Any]) -> web.Response:
-    """Run a report query off the event loop; 503 (retry later) while the sink or ClickHouse is
-    unavailable."""
+async def _answer(request: web.Request, parse: Callable[[Mapping[str, str]], Report]) -> web.Response:
+    """The report the query asks for (``parse`` reads it; 400 naming the parameter), run off the
+    event loop; 503 (retry later) while the sink or ClickHouse is unavailable."""
+    try:
+        wanted = parse(request.query)
+    except ValueError as exc:
+        return json_error(400, str(exc), reason="bad_parameter")
     runner = sink.running
     if runner is None:
         return json_error(503, "the sink is not running", reason="unavailable", retry_after_s=1)
-    return await answer_report(work, runner.query_backend)
+    return await answer_report(wanted.run, runner.query_backend)
 
 
 @route(app, STATS)
@@ -65,11 +76,7 @@ class PlaybackStatsView(faust.web.View):
 
     @require_hmac("playback:read")
     async def get(self, request: web.Request) -> web.Response:
-        try:
-            wanted = StatsRequest.parse(request.query)
-        except ValueError as exc:
-            return json_error(400, str(exc), reason="bad_parameter")
-        return await _answer(wanted.run)
+        return await _answer(request, StatsRequest.parse)
 
 
 @route(app, ANOMALIES)
@@ -78,8 +85,4 @@ class PlaybackAnomaliesView(faust.web.View):
 
     @require_hmac("playback:read")
     async def get(self, request: web.Request) -> web.Response:
-        try:
-            wanted = AnomaliesRequest.parse(request.query)
-        except ValueError as exc:
-            return json_error(400, str(exc), reason="bad_parameter")
-        return await _answer(wanted.run)
+        return await _answer(request, AnomaliesRequest.parse)

@@ -98,7 +98,37 @@ def _tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
         return ""
 
 
-class ManagedProcess:
+class _Restartable:
+    """``restart()`` and ``with``: a stop, then a start (same ports, same data); started on
+    entering the block, stopped on leaving it."""
+
+    def start(self) -> None:
+        """Start (and wait for readiness)."""
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        """Stop gracefully."""
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """Stop gracefully, then start again (and wait for readiness)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ManagedProcess(_Restartable):
     """One server subprocess in its own process group, logging to a file, with a readiness probe.
 
     ``env`` is the complete environment (``None`` inherits ours). ``ready`` is polled every
@@ -267,29 +297,12 @@ class ManagedProcess:
             _live.discard(self)
         return self._popen.returncode
 
-    def restart(self) -> None:
-        """Stop gracefully, then start again and wait for readiness."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else f"exited={self.returncode}"
         return f"<ManagedProcess {self.name} {state}>"
 
 
-class ManagedServer(ABC):
+class ManagedServer(_Restartable, ABC):
     """Base for a server with a data directory, a generated config and a readiness probe."""
 
     name: ClassVar[str] = "server"
@@ -310,7 +323,7 @@ class ManagedServer(ABC):
 
     # -- hooks for subclasses ------------------------------------------------------
 
-    def _prepare(self) -> None:  # noqa: B027 - optional hook, not abstract
+    def _prepare(self) -> None:
         """Write configuration, create directories; called before every start."""
 
     @abstractmethod
@@ -405,23 +418,6 @@ class ManagedServer(ABC):
         """SIGKILL the server (crash simulation); data on disk is kept."""
         if self._process is not None:
             self._process.kill()
-
-    def restart(self) -> None:
-        """Graceful stop followed by a start on the same ports and data directory."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {'running' if self.running else 'stopped'} data_dir={self.data_dir}>"
