@@ -30,15 +30,16 @@ venv:  ## only the runtime Python environment (what `make run` needs; no test or
 run: venv  ## the whole local stack: embedded broker + chDB + every agent group + console
 	$(VENV)/bin/avcc dev
 
-lint:  ## ruff lint + format check
+lint:  ## ruff lint + format check, and the import contracts (the floors of .importlinter)
 	$(VENV)/bin/ruff check --no-cache .
 	$(VENV)/bin/ruff format --no-cache --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck:  ## mypy (strict on the packages)
 	$(VENV)/bin/mypy
 
 contracts:  ## contract artefacts fresh and backward compatible with the merge base (origin/main, main, else HEAD)
-	$(PY) -m app.platform.contract_docs --check
+	$(PY) -m app.contract_docs --check
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 		base=$$(git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null || git rev-parse HEAD); \
 		$(PY) -m app contracts check --against "$$base"; \

@@ -4,19 +4,18 @@ Inputs, all co-partitioned on 6 partitions keyed by ``avcc_record_id``: ``apply.
 group's own output, so the record exists in its table), ``review.task.finished`` repartitioned
 from 12 to 6 partitions through an internal topic, and ``chain.tx.confirmed``. Applications are
 claimed per content hash by the claims agent, which serialises concurrent requests for one work
-on the owner of its claims partition: one work, one record, one code. Only that owner asks its
-claims agent (:mod:`app.lifecycle.code.answers`); any other worker calls it (a peer call). The
-logic lives in :mod:`app.lifecycle.code`; the state in :mod:`tables.code`.
+on the owner of its claims partition: one work, one record, one code (where a claim is asked:
+:mod:`app.lifecycle.code.claim_routing`). The logic lives in :mod:`app.lifecycle.code`, the
+summaries over every replica in :mod:`app.lifecycle.code.replica_summaries`; the state in
+:mod:`tables.code`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
-import aiohttp
 import faust
 import orjson
 from aiohttp import web
@@ -24,7 +23,8 @@ from faust.types import TP
 
 from app.api import APPLY, APPLY_BATCH, RECORD, RECORD_COUNTS, TIME_TO_CODE
 from app.lifecycle.code.answers import ClaimMoved, ClaimWaiters
-from app.lifecycle.code.bulk import BulkSettings, PendingClaims, claim_batch, read_batch
+from app.lifecycle.code.bulk import PendingClaims, claim_batch, read_batch
+from app.lifecycle.code.claim_routing import PEER_CLAIMS, ClaimRouting, claims_partition
 from app.lifecycle.code.claims import CLAIM_TIMEOUT_S, application_answer, plan_claims
 from app.lifecycle.code.recent import recent_records, render_recent_records
 from app.lifecycle.code.records import (
@@ -34,14 +34,10 @@ from app.lifecycle.code.records import (
     review_finished,
     tx_confirmed,
 )
-from app.lifecycle.code.status_counts import ReplicaCounts, StatusCounts, merge_replicas
-from app.lifecycle.code.time_to_code import (
-    ReplicaTimes,
-    TimeToCodeWindow,
-    final_answer,
-    merge_times,
-    waiting_since,
-)
+from app.lifecycle.code.replica_summaries import ReplicaSummaries
+from app.lifecycle.code.settings import get_bulk_settings
+from app.lifecycle.code.status_counts import StatusCounts
+from app.lifecycle.code.time_to_code import TimeToCodeWindow, final_answer, waiting_since
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import (
     HEADER_TARGET_GROUP,
@@ -52,26 +48,13 @@ from app.platform.faust.runtime import (
     now_ms,
     source_topic,
 )
-from app.platform.http.auth import RequestRefused, authenticate, read_body, signed_json
+from app.platform.http.auth import authenticate, signed_json
 from app.platform.http.openapi import route
-from app.platform.http.peers import PeerClient, is_peer_call
-from app.platform.http.responses import json_error, json_response
-from app.platform.http.routing import (
-    FORWARD_TIMEOUT_S,
-    SETTLE_WAIT_S,
-    answer_at_owner,
-    ask_every_peer,
-    partition_owner_url,
-    partitions_settled,
-    rebalancing_answer,
-    record_request,
-    table_wide_request,
-    wait_settled,
-)
+from app.platform.http.responses import RequestRefused, json_error, json_response
+from app.platform.http.routing import OwnerRouting, rebalancing_answer
 from app.platform.http.views import install_common_views
-from app.platform.kafka.partitioner import partition_for
 from app.platform.kafka.producers import Outbound
-from app.platform.metrics import NEED_HUMAN_OLDEST, STAGE_SECONDS
+from app.platform.metrics import NEED_HUMAN_OLDEST
 from app.platform.settings import get_settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -80,7 +63,6 @@ from app.platform.topics import (
     CODE_REVIEW_FINISHED,
     REVIEW_TASK_FINISHED,
 )
-from app.playback.gateway.ingest import BatchError
 from schemas.application import ApplicationRequest
 from schemas.apply import ApplyCreated
 from schemas.chain import ChainTxConfirmed
@@ -90,21 +72,25 @@ from tables.code import claims, record_parking, records
 
 __all__ = ["app"]
 
-#: A replica's entry in a route answered over every replica (its counts, its time to code).
-Replica = TypeVar("Replica")
-
 app = get_app("code")
 settings = get_settings()
-bulk = BulkSettings()
+bulk = get_bulk_settings()
 bulk_claims = PendingClaims(bulk.max_in_flight, bulk.ask_timeout_s)
 runtime = GroupRuntime("code", "code-svc", app)
 install_common_views(app, "code")
 claim_waiters = ClaimWaiters()
-peers = PeerClient(settings, FORWARD_TIMEOUT_S)
+#: Where an application is claimed: here, or on the owner of its claims partition.
+claiming = ClaimRouting(
+    runtime, OwnerRouting(app, claims.table, settings), claim_waiters, bulk.max_body_bytes
+)
 #: Records by status of this worker's record partitions, kept in memory (see the module).
 record_counts = StatusCounts()
 #: Time to code of the records this worker gave their final answer, the last hour of it kept.
 time_to_code = TimeToCodeWindow()
+#: Who holds which record partition, and the calls to them.
+records_routing = OwnerRouting(app, records.table, settings)
+#: The record counts and the time to code over every replica.
+summaries = ReplicaSummaries(records, record_counts, time_to_code, records_routing)
 
 
 def oldest_need_human_s() -> float | None:
@@ -115,16 +101,9 @@ def oldest_need_human_s() -> float | None:
 
 NEED_HUMAN_OLDEST.source = oldest_need_human_s
 
-#: How long the answering replica waits for each other replica's counts: below the console's
-#: own time limit (``AVCC_CONSOLE_PEER_TIMEOUT_S``, 5 s), so a silent replica is named on the
-#: page instead of failing the whole answer.
-COUNTS_PEER_TIMEOUT_S = 3.0
-
 review_source = source_topic(app, REVIEW_TASK_FINISHED)
 record_inputs = source_topic(app, APPLY_CREATED, CODE_REVIEW_FINISHED, CHAIN_TX_CONFIRMED)
 claims_topic = source_topic(app, CODE_CLAIMS)
-#: Path of the peer call that asks the owner of a claims partition to claim applications.
-PEER_CLAIMS = "/peer/claims/{partition}"
 
 
 async def relay_review_finished(event: Any, batch: Batch) -> None:
@@ -229,81 +208,12 @@ async def claims_moved(sender: Any, revoked: set[TP], **_: Any) -> None:
 app.on_partitions_revoked.connect(claims_moved)  # type: ignore[arg-type]  # mode's signal typing
 
 
-def owns_claims(partition: int) -> bool:
-    """Whether this worker holds claims ``partition`` (and its claims table partition)."""
-    try:
-        return TP(CODE_CLAIMS.name, partition) in app.consumer.assignment()
-    except Exception:  # the consumer not started yet
-        return False
-
-
-async def claim_here(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
-    """Claim ``applications`` (all of claims ``partition``, which this worker owns): produce one
-    claim request and wait for the claims agent's replies."""
-    token, replies = claim_waiters.expect(partition)
-    try:
-        items = [a.model_dump(mode="json", exclude_none=True) for a in applications]
-        value = orjson.dumps({"token": token, "body": orjson.dumps(items).decode()})
-        key = applications[0].content_hash.encode()
-        await runtime.producer.send(CODE_CLAIMS, value, key, partition=partition)
-        return await replies
-    finally:
-        claim_waiters.forget(token)
-
-
-async def ask_claims(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
-    """The claims agent's replies for applications of one claims partition: asked here when this
-    worker owns it, else of its owner (a peer call). ``ClaimMoved`` while ownership is unsettled
-    or the owner cannot be reached (the caller answers "retry")."""
-    with STAGE_SECONDS.labels("claim").time():
-        return await _ask_claims(partition, applications)
-
-
-async def _ask_claims(partition: int, applications: list[ApplicationRequest]) -> list[dict[str, Any]]:
-    if not await wait_settled(app):
-        raise ClaimMoved("partitions are being assigned; retry")
-    if owns_claims(partition):
-        return await claim_here(partition, applications)
-    owner = partition_owner_url(app, claims.table, partition)
-    if owner is None:
-        raise ClaimMoved(f"claims partition {partition} has no owner yet; retry")
-    body = orjson.dumps([a.model_dump(mode="json", exclude_none=True) for a in applications])
-    try:
-        status, answer = await peers.post(owner, PEER_CLAIMS.format(partition=partition), body)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise ClaimMoved(f"owner of claims partition {partition} unreachable ({type(exc).__name__})") from exc
-    if status != 200:
-        raise ClaimMoved(f"owner of claims partition {partition} answered {status}")
-    replies: list[dict[str, Any]] = orjson.loads(answer)["replies"]
-    return replies
-
-
 @app.page(PEER_CLAIMS)
 class PeerClaims(faust.web.View):
     """``POST`` (peer call): claim applications of a claims partition this worker owns."""
 
     async def post(self, request: web.Request, partition: str) -> web.Response:
-        try:
-            body = await read_body(request, bulk.max_body_bytes, settings.http_body_timeout_s)
-        except RequestRefused as exc:
-            return exc.response()
-        if not is_peer_call(request, body, settings):
-            return json_error(401, "not a signed peer call", reason="peer_signature")
-        if not (partition.isascii() and partition.isdigit() and int(partition) < CODE_CLAIMS.partitions):
-            return json_error(400, "partition: not a claims partition", fields=["partition"])
-        number = int(partition)
-        if not partitions_settled(app) or not owns_claims(number):
-            return rebalancing_answer(f"claims partition {number} is not held here")
-        try:
-            applications = [ApplicationRequest.model_validate(item) for item in orjson.loads(body)]
-            replies = await asyncio.wait_for(claim_here(number, applications), CLAIM_TIMEOUT_S)
-        except (ClaimMoved, TimeoutError):
-            return rebalancing_answer(f"claims partition {number} moved")
-        except (ValueError, TypeError) as exc:
-            return json_error(
-                400, f"body: not a list of applications ({type(exc).__name__})", fields=["body"]
-            )
-        return json_response({"replies": replies})
+        return await claiming.answer_peer(request, partition)
 
 
 @route(app, APPLY)
@@ -317,16 +227,16 @@ class Applications(faust.web.View):
         _, application = checked
         try:
             partition = claims_partition(application)
-            replies = await asyncio.wait_for(ask_claims(partition, [application]), CLAIM_TIMEOUT_S)
+            replies = await asyncio.wait_for(claiming.ask(partition, [application]), CLAIM_TIMEOUT_S)
         except (TimeoutError, ClaimMoved):
-            return json_error(503, "claim not answered; retry with the same request_id", retry_after_s=1)
+            return json_error(
+                503,
+                "claim not answered; retry with the same request_id",
+                reason="claim_pending",
+                retry_after_s=1,
+            )
         status, answer = application_answer(application.request_id, replies[0])
         return json_response(answer, status)
-
-
-def claims_partition(application: ApplicationRequest) -> int:
-    """The claims partition of an application (where the single route's keyed ask lands)."""
-    return partition_for(application.content_hash.encode(), CODE_CLAIMS.partitions)
 
 
 @route(app, APPLY_BATCH)
@@ -340,10 +250,8 @@ class BatchApplications(faust.web.View):
             # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
             content_type = request.content_type if "Content-Type" in request.headers else ""
             valid, refused = read_batch(signed.body, content_type, bulk.max_items)
-        except RequestRefused as exc:
+        except RequestRefused as exc:  # the body's BatchError too
             return exc.response()
-        except BatchError as exc:
-            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
         if not bulk_claims.admits([application for _, application in valid]):
             return json_error(
                 429,
@@ -352,7 +260,7 @@ class BatchApplications(faust.web.View):
                 retry_after_s=bulk.retry_after_s,
             )
         outcome = await claim_batch(
-            valid, refused, bulk_claims, ask_claims, claims_partition, bulk.claim_wait_s
+            valid, refused, bulk_claims, claiming.ask, claims_partition, bulk.claim_wait_s
         )
         retry = {"Retry-After": str(bulk.retry_after_s)} if outcome.status == 429 else None
         return json_response(outcome.body(), outcome.status, retry)
@@ -363,15 +271,15 @@ class Record(faust.web.View):
     """``GET``: a record with its history, answered by the owner of its partition."""
 
     async def get(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        req = await record_request(request, avcc_record_id, settings, scope="records:read")
+        req = await records_routing.record_request(request, avcc_record_id, scope="records:read")
         if isinstance(req, web.Response):
             return req
-        routed = await answer_at_owner(app, records.table, req, request, settings)
+        routed = await records_routing.answer_at_owner(req, request)
         if routed is not None:
             return routed
         state = records.get(str(req.record_id))
         if state is None:
-            return json_error(404, f"record {avcc_record_id} not found")
+            return json_error(404, f"record {avcc_record_id} not found", reason="not_found")
         return json_response(state.public())
 
 
@@ -384,94 +292,18 @@ class RecentRecordsPage(faust.web.View):
         try:
             recent = await recent_records(records.table.values())
         except RuntimeError:  # the table's partitions changed under the scan (a rebalance)
-            return web.Response(status=503, text="rebalancing; retry\n", headers={"Retry-After": "1"})
+            return rebalancing_answer("the table's partitions changed under the page")
         return web.Response(text=render_recent_records(recent), content_type="text/html")
 
 
 async def record_partitions_moved(sender: Any, tps: set[TP], **_: Any) -> None:
     """A rebalance: the counts wait for the next rebuild."""
-    record_counts.invalidate()
+    summaries.partitions_moved()
 
 
 app.on_partitions_revoked.connect(record_partitions_moved)  # type: ignore[arg-type]  # mode's signal typing
 app.on_partitions_assigned.connect(record_partitions_moved)  # type: ignore[arg-type]
-
-
-def held_record_partitions() -> list[int]:
-    """The record partitions this worker holds (its active partitions of the records changelog)."""
-    changelog = records.changelog
-    return sorted(tp.partition for tp in app.assignor.assigned_actives() if tp.topic == changelog)
-
-
-async def counts_built() -> bool:
-    """Rebuild the record counts if a rebalance left them unbuilt and the table partitions are
-    recovered; whether they are built."""
-    if record_counts.ready:
-        return True
-    if not partitions_settled(app):
-        return False
-    return await record_counts.rebuild(held_record_partitions(), records.table.items)
-
-
-async def keep_record_counts() -> None:
-    """Rebuild the counts soon after each assignment, before anyone asks."""
-    await counts_built()
-
-
-app.timer(interval=1.0)(keep_record_counts)
-
-
-async def counts_here() -> ReplicaCounts | None:
-    """This worker's counts (waiting at most :data:`SETTLE_WAIT_S` for a rebuild)."""
-    deadline = asyncio.get_running_loop().time() + SETTLE_WAIT_S
-    while not await counts_built():
-        if asyncio.get_running_loop().time() >= deadline:
-            return None
-        await asyncio.sleep(0.1)
-    snapshot = record_counts.snapshot()
-    if snapshot is None:
-        return None
-    partitions, counts = snapshot
-    return ReplicaCounts(str(app.conf.canonical_url).rstrip("/"), partitions, counts)
-
-
-async def for_every_replica(
-    request: web.Request,
-    mine: Callable[[ReplicaCounts], Replica],
-    entry: Callable[[Mapping[str, Any]], Replica],
-    silent: Callable[[str, tuple[int, ...], str], Replica],
-    merge: Callable[[list[Replica], int], dict[str, Any]],
-) -> web.Response:
-    """A summary of every record partition, answered the same by any replica: ``mine`` (this
-    worker's part, from its counts) and the ``replicas`` entries every other replica holding
-    record partitions answers to the request forwarded (``entry`` reads one;
-    ``silent(url, partitions, why)`` stands for one that does not answer), ``merge``d."""
-    forwarded = await table_wide_request(app, request, settings, scope="records:read")
-    if isinstance(forwarded, web.Response):
-        return forwarded
-    here = await counts_here()
-    if here is None:
-        return rebalancing_answer("record counts are being rebuilt after a rebalance")
-    replicas = [mine(here)]
-    if not forwarded:
-        for peer in await ask_every_peer(
-            app, records.table, request, settings, timeout_s=COUNTS_PEER_TIMEOUT_S
-        ):
-            if peer.answer.status == 200 and isinstance(peer.answer.body, bytes):
-                replicas.extend(entry(e) for e in orjson.loads(peer.answer.body)["replicas"])
-                continue
-            try:
-                reason = orjson.loads(peer.answer.body or b"{}").get("error", "")  # type: ignore[arg-type]
-            except (orjson.JSONDecodeError, TypeError, AttributeError):
-                reason = ""
-            error = f"answered {peer.answer.status}" + (f": {reason}" if reason else "")
-            replicas.append(silent(peer.url, peer.partitions, error))
-    return json_response(merge(replicas, APPLY_CREATED.partitions))
-
-
-def silent_counts(url: str, partitions: tuple[int, ...], error: str) -> ReplicaCounts:
-    """A replica that did not answer its counts."""
-    return ReplicaCounts(url, partitions, error=error)
+app.timer(interval=1.0)(summaries.keep_counts)
 
 
 @route(app, RECORD_COUNTS)
@@ -481,21 +313,7 @@ class RecordCounts(faust.web.View):
     partitions it held."""
 
     async def get(self, request: web.Request) -> web.Response:
-        return await for_every_replica(
-            request, lambda counts: counts, ReplicaCounts.from_json, silent_counts, merge_replicas
-        )
-
-
-def times_of(counts: ReplicaCounts) -> ReplicaTimes:
-    """This worker's time to code of the last hour and its oldest need_human wait."""
-    return ReplicaTimes(
-        counts.url, counts.partitions, time_to_code.snapshot(), record_counts.oldest_waiting_ms()
-    )
-
-
-def silent_times(url: str, partitions: tuple[int, ...], error: str) -> ReplicaTimes:
-    """A replica that did not answer its time to code."""
-    return ReplicaTimes(url, partitions, error=error)
+        return await summaries.record_counts(request)
 
 
 @route(app, TIME_TO_CODE)
@@ -504,4 +322,4 @@ class TimeToCode(faust.web.View):
     holding record partitions, like the record counts."""
 
     async def get(self, request: web.Request) -> web.Response:
-        return await for_every_replica(request, times_of, ReplicaTimes.from_json, silent_times, merge_times)
+        return await summaries.time_to_code(request)

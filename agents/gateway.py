@@ -21,6 +21,7 @@ Run: ``faust -A agents.gateway worker --web-port 6071`` (or ``avcc worker gatewa
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import faust
 import mode
@@ -33,13 +34,7 @@ from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.playback.gateway.endpoint import ROUTE, PlaybackIngest
 
-__all__ = [
-    "ROUTE",
-    "GatewayShutdown",
-    "PlaybackEvents",
-    "app",
-    "ingest",
-]
+__all__ = ["ROUTE", "GatewayEndpoint", "PlaybackEvents", "app", "endpoint"]
 
 
 app: faust.App = get_app("gateway")
@@ -48,15 +43,30 @@ app: faust.App = get_app("gateway")
 app.boot_strategy = app.BootStrategy(app, enable_kafka=False)
 install_common_views(app, "gateway", export_lag=False)
 
-_ingest: PlaybackIngest | None = None
+
+class GatewayEndpoint(mode.Service):
+    """Holds the worker's endpoint (built on the first request, which connects its producer) and
+    flushes the playback producer when the worker stops."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.running: PlaybackIngest | None = None
+
+    def ingest(self) -> PlaybackIngest:
+        """The worker's endpoint."""
+        if self.running is None:
+            self.running = PlaybackIngest(get_settings())
+        return self.running
+
+    async def on_stop(self) -> None:
+        ingest, self.running = self.running, None
+        if ingest is not None:
+            await asyncio.get_running_loop().run_in_executor(None, ingest.close, 10.0)
 
 
-def ingest() -> PlaybackIngest:
-    """The process-wide endpoint (built on the first request)."""
-    global _ingest
-    if _ingest is None:
-        _ingest = PlaybackIngest(get_settings())
-    return _ingest
+#: The worker's endpoint, held by the service that flushes it at stop.
+endpoint = GatewayEndpoint()
+app.service(endpoint)  # type: ignore[arg-type]  # faust takes a service instance too
 
 
 @route(app, PLAYBACK_EVENTS)
@@ -64,15 +74,4 @@ class PlaybackEvents(faust.web.View):
     """``POST /v1/playback/events``: a signed batch of playback reports."""
 
     async def post(self, request: web.Request) -> web.Response:
-        return await ingest().handle(request)
-
-
-@app.service
-class GatewayShutdown(mode.Service):
-    """Flushes the playback producer when the worker stops."""
-
-    async def on_stop(self) -> None:
-        global _ingest
-        if _ingest is not None:
-            endpoint, _ingest = _ingest, None
-            await asyncio.get_running_loop().run_in_executor(None, endpoint.close, 10.0)
+        return await endpoint.ingest().handle(request)

@@ -18,18 +18,13 @@ from aiohttp import web
 
 from app.api import DECIDE, TASKS
 from app.lifecycle.review.listing import TaskPage, TaskQuery, merge_pages
-from app.lifecycle.review.rules import ReviewConfig
+from app.lifecycle.review.settings import get_review_settings
 from app.lifecycle.review.tasks import human_decided, is_duplicate, review_created
 from app.platform.faust.app import get_app
 from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_topic
 from app.platform.http.openapi import route
 from app.platform.http.responses import BadRequest, json_error, json_response, parse_body
-from app.platform.http.routing import (
-    answer_at_owner,
-    answers_of_every_peer,
-    record_request,
-    table_wide_request,
-)
+from app.platform.http.routing import OwnerRouting
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import APPLY_CREATED, REVIEW_DECISIONS
@@ -44,7 +39,9 @@ app = get_app("review")
 settings = get_settings()
 runtime = GroupRuntime("review", "review-svc", app)
 install_common_views(app, "review")
-review_config = ReviewConfig()
+review_config = get_review_settings()
+#: Who holds which partition of the tasks table, and the calls to them.
+routing = OwnerRouting(app, tasks.table, settings)
 
 inputs = source_topic(app, APPLY_CREATED, REVIEW_DECISIONS)
 
@@ -79,7 +76,7 @@ class Tasks(faust.web.View):
     async def get(self, request: web.Request) -> web.Response:
         """Answered the same by every replica: the page of this worker's partitions merged with
         those of its peers (asked with the request forwarded, so with the same query)."""
-        forwarded = await table_wide_request(app, request, settings, scope="review:decide")
+        forwarded = await routing.table_wide_request(request, scope="review:decide")
         if isinstance(forwarded, web.Response):
             return forwarded
         try:
@@ -88,10 +85,10 @@ class Tasks(faust.web.View):
             return json_error(400, str(exc), reason="bad_parameter", fields=[str(exc).split(":", 1)[0]])
         pages = [query.page(t.public() for t in tasks.values())]
         if not forwarded:
-            answers = await answers_of_every_peer(app, tasks.table, request, settings)
-            if isinstance(answers, web.Response):
-                return answers
-            pages.extend(TaskPage.from_json(orjson.loads(answer)) for answer in answers)
+            peers = await routing.fan_out(request, "all")
+            if peers.refusal is not None:
+                return peers.refusal
+            pages.extend(TaskPage.from_json(orjson.loads(peer.body)) for peer in peers.answers)
         return json_response(merge_pages(query, pages).as_json())
 
 
@@ -100,22 +97,22 @@ class Decision(faust.web.View):
     """``POST``: a reviewer approves or rejects a ``need_human`` task."""
 
     async def post(self, request: web.Request, avcc_record_id: str) -> web.Response:
-        signed = await record_request(request, avcc_record_id, settings, scope="review:decide")
+        signed = await routing.record_request(request, avcc_record_id, scope="review:decide")
         if isinstance(signed, web.Response):
             return signed
         try:
             req = parse_body(HumanDecisionRequest, signed.body)
         except BadRequest as exc:
-            return json_error(400, str(exc), fields=list(exc.fields))
+            return exc.response()
         record_id, key = signed.record_id, signed.key
-        routed = await answer_at_owner(app, tasks.table, signed, request, settings)
+        routed = await routing.answer_at_owner(signed, request)
         if routed is not None:
             return routed
         task = tasks.get(str(record_id))
         if task is None:
-            return json_error(404, f"no review task for record {record_id}")
+            return json_error(404, f"no review task for record {record_id}", reason="not_found")
         if task.status != "need_human":
-            return json_error(409, f"task is {task.status}, not need_human")
+            return json_error(409, f"task is {task.status}, not need_human", reason="not_need_human")
         decision = HumanDecision(
             avcc_record_id=record_id,
             decision_id=str(uuid.uuid4()),

@@ -25,7 +25,7 @@ from app.platform.faust.runtime import Effects, GroupRuntime, now_ms, source_top
 from app.platform.http.auth import signed_json
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error, json_response
-from app.platform.http.routing import answer_from_peers, table_wide_request
+from app.platform.http.routing import OwnerRouting
 from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.platform.topics import CHAIN_TX_CONFIRMED
@@ -39,6 +39,8 @@ app = get_app("settlement")
 settings = get_settings()
 runtime = GroupRuntime("settlement", "settlement-svc", app)
 install_common_views(app, "settlement")
+#: Who holds which partition of the clearing table, and the calls to them.
+routing = OwnerRouting(app, clearing.table, settings)
 
 confirmed = source_topic(app, CHAIN_TX_CONFIRMED)
 
@@ -90,11 +92,16 @@ class InstructionStatus(faust.web.View):
         """Answered the same by every replica: the instruction is stored in the partition of
         its record, which the request does not name, so a replica that does not hold it asks
         its peers."""
-        forwarded = await table_wide_request(app, request, settings, scope="settlement")
+        forwarded = await routing.table_wide_request(request, scope="settlement")
         if isinstance(forwarded, web.Response):
             return forwarded
         record = clearing.get(instruction_id)
         if record is not None:
             return json_response(record.public())
-        found = None if forwarded else await answer_from_peers(app, clearing.table, request, settings)
-        return found or json_error(404, f"instruction {instruction_id} not cleared yet or unknown")
+        if not forwarded:
+            peers = await routing.fan_out(request, "first")
+            if peers.answers:
+                return peers.answers[0].answer
+            if peers.refusal is not None:
+                return peers.refusal
+        return json_error(404, f"instruction {instruction_id} not cleared yet or unknown", reason="not_found")

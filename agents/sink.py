@@ -3,8 +3,9 @@
 The sink itself (:mod:`app.playback.sink`) consumes ``topic.playback.event`` and
 ``topic.playback.anomaly`` with its own confluent-kafka consumer in a dedicated thread
 (:class:`~app.playback.sink.loop.SinkLoop`, see its docstring for the guarantees); this module
-wires it into a worker: a ``mode.Service`` owns a :class:`~app.playback.sink.runner.SinkRunner`
-for the life of the worker, and two HMAC-signed views answer from ClickHouse.
+wires it into a worker: a :class:`~app.playback.sink.runner.SinkRunner` is the group's own
+consumer (:mod:`app.platform.faust.own_consumer`), and two HMAC-signed views answer from
+ClickHouse.
 
 Run: ``faust -A agents.sink worker -l info --web-port 6072`` (or ``avcc worker sink``). Views:
 ``GET /v1/playback/stats?avcc_code=&from_ms=&to_ms=`` and
@@ -13,20 +14,18 @@ Run: ``faust -A agents.sink worker -l info --web-port 6072`` (or ``avcc worker s
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import faust
-import mode
 from aiohttp import web
 
 from app.api import ANOMALIES, STATS
 from app.platform.faust.app import get_app
+from app.platform.faust.own_consumer import own_consumer
 from app.platform.http.auth import require_hmac
 from app.platform.http.openapi import route
 from app.platform.http.responses import json_error
-from app.platform.http.views import install_common_views
 from app.platform.settings import get_settings
 from app.playback.sink.batch import GROUP
 from app.playback.sink.clickhouse import ClickHouseBackend
@@ -37,8 +36,8 @@ __all__ = [
     "GROUP",
     "PlaybackAnomaliesView",
     "PlaybackStatsView",
-    "SinkService",
     "app",
+    "sink",
 ]
 
 
@@ -47,62 +46,28 @@ app: faust.App = get_app(GROUP)
 # only join the group pointlessly (and an App without topics cannot subscribe at all).
 app.boot_strategy = app.BootStrategy(app, enable_kafka=False)
 
-_active: SinkRunner | None = None
+
+class Report(Protocol):
+    """A report request the sink answers from ClickHouse."""
+
+    def run(self, backend: ClickHouseBackend) -> Any: ...
 
 
-def _assigned() -> list[tuple[str, int]]:
-    if _active is None:
-        raise RuntimeError("the sink is not running")
-    return _active.loop.assignment()
+#: The sink, run for the life of the worker; its crash stops the worker.
+sink, common = own_consumer(app, GROUP, lambda: SinkRunner(get_settings()), stop_timeout_s=35.0)
 
 
-def _ready() -> tuple[bool, str]:
-    runner = _active
-    if runner is None:
-        return False, "the sink loop is not running"
-    return runner.readiness()
-
-
-install_common_views(app, GROUP, assignment=_assigned, ready_check=_ready)
-
-
-@app.service
-class SinkService(mode.Service):
-    """Runs a :class:`SinkRunner` for the life of the worker; its crash stops the worker."""
-
-    def __init__(self, *, runner_factory: Callable[[], SinkRunner] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._factory = runner_factory or (lambda: SinkRunner(get_settings()))
-        self.runner: SinkRunner | None = None
-
-    async def on_start(self) -> None:
-        global _active
-        loop = asyncio.get_running_loop()
-        self.runner = await loop.run_in_executor(None, self._factory)
-
-        def crashed(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(lambda: loop.create_task(self.crash(exc)))
-
-        self.runner.on_crash = crashed
-        self.runner.start()
-        _active = self.runner
-
-    async def on_stop(self) -> None:
-        global _active
-        runner, self.runner = self.runner, None
-        if runner is not None:
-            if _active is runner:
-                _active = None
-            await asyncio.get_running_loop().run_in_executor(None, runner.stop, 30.0)
-
-
-async def _answer(work: Callable[[ClickHouseBackend], Any]) -> web.Response:
-    """Run a report query off the event loop; 503 (retry later) while the sink or ClickHouse is
-    unavailable."""
-    runner = _active
+async def _answer(request: web.Request, parse: Callable[[Mapping[str, str]], Report]) -> web.Response:
+    """The report the query asks for (``parse`` reads it; 400 naming the parameter), run off the
+    event loop; 503 (retry later) while the sink or ClickHouse is unavailable."""
+    try:
+        wanted = parse(request.query)
+    except ValueError as exc:
+        return json_error(400, str(exc), reason="bad_parameter")
+    runner = sink.running
     if runner is None:
         return json_error(503, "the sink is not running", reason="unavailable", retry_after_s=1)
-    return await answer_report(work, runner.query_backend)
+    return await answer_report(wanted.run, runner.query_backend)
 
 
 @route(app, STATS)
@@ -111,11 +76,7 @@ class PlaybackStatsView(faust.web.View):
 
     @require_hmac("playback:read")
     async def get(self, request: web.Request) -> web.Response:
-        try:
-            wanted = StatsRequest.parse(request.query)
-        except ValueError as exc:
-            return json_error(400, str(exc), reason="bad_parameter")
-        return await _answer(wanted.run)
+        return await _answer(request, StatsRequest.parse)
 
 
 @route(app, ANOMALIES)
@@ -124,8 +85,4 @@ class PlaybackAnomaliesView(faust.web.View):
 
     @require_hmac("playback:read")
     async def get(self, request: web.Request) -> web.Response:
-        try:
-            wanted = AnomaliesRequest.parse(request.query)
-        except ValueError as exc:
-            return json_error(400, str(exc), reason="bad_parameter")
-        return await _answer(wanted.run)
+        return await _answer(request, AnomaliesRequest.parse)

@@ -197,7 +197,7 @@ def contracts() -> None:
 @click.option("--against", "ref", required=True, help="Git ref whose published schemas must stay valid.")
 def contracts_check(ref: str) -> None:
     """Fail (exit 1, naming each field) on a backward-incompatible change of a payload since REF."""
-    from app.platform.contract_docs.check import check_against
+    from app.contract_docs.check import check_against
 
     sys.exit(check_against(ref))
 

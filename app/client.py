@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 
 from app.api import APPLY, APPLY_BATCH, PLAYBACK_EVENTS, RECORD, RECORD_COUNTS
+from app.platform.errors import AvccError
 from app.platform.http.signing import sign_request
 
 __all__ = [
@@ -58,7 +59,7 @@ QUEUE_FULL: Final = "producer queue full, retry later"
 _RETRIED: Final = frozenset({429, 503})
 
 
-class ApiError(RuntimeError):
+class ApiError(AvccError):
     """A non-2xx answer that is not retried (or still retriable after ``max_retries``)."""
 
     def __init__(self, status: int, body: Any, method: str, url: str) -> None:

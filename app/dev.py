@@ -5,8 +5,10 @@ stack finds its topics, offsets and changelogs again; the shipped HMAC key ``dev
 and operator ``admin``/``admin`` are enabled, and a broker that cannot honour the core producer
 profile is only warned about.
 
-Supervision (``app/supervisor``): every port the stack needs is checked before anything starts
-(exit status 2 naming the port and its holder); the workers' tables must belong to the broker's
+Supervision (``app/supervisor``): every port the stack listens on is in its port plan
+(:func:`port_plan`: the broker, its KRaft controller on the next port, each group's web port, the
+dev chain), checked before anything starts and named in the banner (exit status 2 naming a port
+planned twice, or a taken port and its holder); the workers' tables must belong to the broker's
 data (exit status 3 saying what to delete, see ``broker_identity``); a group that exits is
 restarted with exponential backoff and never stops the others; so is the broker, on its own data.
 """
@@ -22,7 +24,7 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from app.dev_broker import describe_dev_broker, dev_broker_port, start_dev_broker
+from app.dev_broker import describe_dev_broker, dev_broker_port, dev_controller_port, start_dev_broker
 from app.dev_chain import DevChain, dev_chain_port, start_dev_chain
 from app.platform.groups import GROUPS, GroupSpec
 from app.platform.kafka.admin import apply_plan
@@ -36,11 +38,12 @@ from app.supervisor import (
     GroupSupervisor,
     PortClaim,
     PortInUse,
-    SupervisorSettings,
+    PortPlan,
+    PortPlanConflict,
     TablesFromAnotherBroker,
     check_tables_belong_to,
-    require_free_ports,
 )
+from app.supervisor.settings import get_supervisor_settings
 
 __all__ = ["EXIT_BROKER_LOST", "EXIT_PORT_IN_USE", "EXIT_TABLES_FROM_ANOTHER_BROKER", "run_dev_stack"]
 
@@ -63,6 +66,8 @@ BANNER = """
    * operator console login admin / admin
  Console: http://{host}:{port}/dlq   lag: http://{host}:{port}/lag
  Apply:   POST http://{host}:{code_port}/v1/avcc/applications
+ Ports (the stack's port plan, checked before it started):
+{ports}
 ==============================================================================
 """
 
@@ -95,16 +100,14 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
     settings.check_bind()
     groups = available_groups(wanted)
     try:
-        claims = _port_claims(settings, groups, start_broker)
-        if chain == "evm":
-            claims.append(PortClaim("the ganache dev chain", LOOPBACK, dev_chain_port(settings)))
-        require_free_ports(claims)
-    except PortInUse as exc:
+        plan = port_plan(settings, groups, start_broker=start_broker, chain=chain)
+        plan.check()
+    except (PortInUse, PortPlanConflict) as exc:
         log.error("avcc dev cannot start: %s", exc)
         return EXIT_PORT_IN_USE
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    policy = SupervisorSettings().policy()
+    policy = get_supervisor_settings().policy()
     broker: KafkaKRaftBroker | None = None
     broker_supervisor: BrokerSupervisor | None = None
     dev_chain: DevChain | None = None
@@ -165,6 +168,7 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
                 host=settings.web_host,
                 port=settings.web_port,
                 code_port=settings.web_port + 1,
+                ports=plan.describe(),
             ),
             flush=True,
         )
@@ -186,15 +190,23 @@ def run_dev_stack(wanted: list[str] | None = None, *, start_broker: bool = True,
         log.info("dev stack stopped")
 
 
-def _port_claims(settings: Settings, groups: list[GroupSpec], start_broker: bool) -> list[PortClaim]:
-    """Every port the stack will listen on: the embedded broker's and each group's web port."""
-    claims = [
+def port_plan(settings: Settings, groups: list[GroupSpec], *, start_broker: bool, chain: str) -> PortPlan:
+    """Every port the stack will listen on: the embedded broker's and its KRaft controller's (the
+    broker's + 1), each group's web port (``AVCC_WEB_PORT`` + the group's offset) and the dev
+    chain's; nothing of the stack listens anywhere else."""
+    claims: list[PortClaim] = []
+    if start_broker:
+        claims.append(PortClaim("the embedded Kafka broker", LOOPBACK, dev_broker_port(settings)))
+        claims.append(
+            PortClaim("the embedded Kafka broker's KRaft controller", LOOPBACK, dev_controller_port(settings))
+        )
+    claims.extend(
         PortClaim(f"the web server of group {g.name}", settings.web_host, settings.web_port + g.port_offset)
         for g in groups
-    ]
-    if start_broker:
-        claims.insert(0, PortClaim("the embedded Kafka broker", LOOPBACK, dev_broker_port(settings)))
-    return claims
+    )
+    if chain == "evm":
+        claims.append(PortClaim("the ganache dev chain", LOOPBACK, dev_chain_port(settings)))
+    return PortPlan(tuple(claims))
 
 
 def _cluster_id(settings: Settings, broker: KafkaKRaftBroker | None) -> str:

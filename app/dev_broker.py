@@ -15,7 +15,13 @@ from app.servers.kafka import KAFKA_VERSION, KafkaKRaftBroker
 from app.servers.process import ServerStartError
 from app.supervisor.ports import port_holders
 
-__all__ = ["DEV_BROKER_HEAP", "describe_dev_broker", "dev_broker_port", "start_dev_broker"]
+__all__ = [
+    "DEV_BROKER_HEAP",
+    "describe_dev_broker",
+    "dev_broker_port",
+    "dev_controller_port",
+    "start_dev_broker",
+]
 
 #: The embedded broker's heap: a single node with the pipeline's topics stays well below it.
 DEV_BROKER_HEAP = ("-Xmx512m", "-Xms128m")
@@ -26,13 +32,22 @@ def dev_broker_port(settings: Settings) -> int:
     return int(settings.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
 
 
+def dev_controller_port(settings: Settings) -> int:
+    """Where the embedded broker's KRaft controller listens: the broker's port + 1."""
+    return dev_broker_port(settings) + 1
+
+
 def start_dev_broker(settings: Settings, data_dir: Path) -> KafkaKRaftBroker:
     """Start Kafka on its data under ``data_dir/kafka`` (fetching its jars on the first run) and
     make sure the broker that answers on its port is this very process. The broker gets SIGTERM
     if ``avcc dev`` dies, so a killed stack leaves no broker holding the port; call this (and
     restart the broker) from the main thread, the one Linux watches."""
     broker = KafkaKRaftBroker(
-        data_dir / "kafka", port=dev_broker_port(settings), heap=DEV_BROKER_HEAP, die_with_parent=True
+        data_dir / "kafka",
+        port=dev_broker_port(settings),
+        controller_port=dev_controller_port(settings),
+        heap=DEV_BROKER_HEAP,
+        die_with_parent=True,
     )
     broker.start()
     holders = port_holders(broker.port)

@@ -51,8 +51,7 @@ from app.platform.metrics import TIME_TO_CODE_BUCKETS
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
 from app.servers.kafka import KafkaKRaftBroker
-from app.servers.process import ManagedProcess, free_port, start_together
-from app.servers.workers import group_worker
+from app.servers.process import ManagedProcess
 from bench.bulk import bulk_import_figure
 from bench.client import settled, signed_call
 from bench.cpu import CpuSampler, CpuShare
@@ -60,6 +59,9 @@ from bench.data import o_level_application
 from bench.figures import is_ok, measure, print_figures
 from bench.profiles import summarize
 from bench.scrape import Scrape, scrape
+from testing.ports import free_port, free_port_block
+from testing.processes import start_together
+from testing.workers import group_worker
 
 GROUPS = ("code", "review", "chain", "settlement")
 KEY, SECRET = "bench", "bench-secret-0123456789"
@@ -362,7 +364,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
     broker = None
     if args.bootstrap is None:
-        broker = KafkaKRaftBroker(work / "kafka", port=free_port(), die_with_parent=True)
+        broker = KafkaKRaftBroker(work / "kafka", port=free_port_block((0, 1)), die_with_parent=True)
         broker.start()
         bootstrap = broker.bootstrap
         print(f"# embedded Kafka on {bootstrap}, ready in {broker.startup_seconds:.1f}s", file=sys.stderr)

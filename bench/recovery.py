@@ -49,8 +49,7 @@ from app.platform.kafka.partitioner import partition_for
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
 from app.servers.kafka import KafkaKRaftBroker
-from app.servers.process import ManagedProcess, free_port, stop_together
-from app.servers.workers import group_worker
+from app.servers.process import ManagedProcess
 from bench.bulk import bulk_import_figure
 from bench.code_state import (
     CLAIMS_CHANGELOG,
@@ -63,6 +62,9 @@ from bench.code_state import (
     synthetic_works,
 )
 from bench.figures import is_ok, measure, print_figures
+from testing.ports import free_port, free_port_block
+from testing.processes import stop_together
+from testing.workers import group_worker
 
 KEY, SECRET = "bench", "bench-secret-0123456789"
 ROOT = Path(__file__).resolve().parents[1]
@@ -437,7 +439,7 @@ def main() -> int:
     log(f"work dir {work}")
     broker = None
     if args.bootstrap is None:
-        broker = KafkaKRaftBroker(work / "kafka", port=free_port(), die_with_parent=True)
+        broker = KafkaKRaftBroker(work / "kafka", port=free_port_block((0, 1)), die_with_parent=True)
         broker.start()
         bootstrap = broker.bootstrap
     else:

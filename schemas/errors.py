@@ -1,17 +1,23 @@
-"""Errors a contract raises: bytes that are not an event, or an event that breaks its schema.
+"""The root of every error the pipeline raises on purpose, and the errors a contract raises:
+bytes that are not an event, or an event that breaks its schema.
 
-They live here, not in ``app``, so that the contracts import nothing from the pipeline; the
-pipeline's error policy (``app.platform.errors.NON_RETRIABLE``) dead-letters both at once.
+They live here, on the bottom floor, so that the contracts import nothing from the pipeline and
+still raise errors of its one tree (drawn in :mod:`app.platform.errors`); the pipeline's error
+policy (``app.platform.errors.NON_RETRIABLE``) dead-letters every contract error at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["ContractError", "SchemaViolation", "UndecodableMessage"]
+__all__ = ["AvccError", "ContractError", "SchemaViolation", "UndecodableMessage"]
 
 
-class ContractError(Exception):
+class AvccError(Exception):
+    """Root of every error raised on purpose by the pipeline."""
+
+
+class ContractError(AvccError):
     """A message that can never be processed as it is: retrying cannot help."""
 
 

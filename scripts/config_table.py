@@ -15,10 +15,13 @@ __all__ = ["SETTINGS_CLASSES", "config_tables"]
 #: Every settings class, in the page's order: (module, class name, heading).
 SETTINGS_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("app.platform.settings", "Settings", "Pipeline (all groups)"),
-    ("app.lifecycle.code.bulk", "BulkSettings", "bulk applications (code group)"),
-    ("app.playback.gateway.ingest", "GatewaySettings", "gateway group"),
-    ("app.playback.sink.config", "SinkConfig", "sink group"),
-    ("app.playback.anomaly.config", "AnomalySettings", "anomaly group"),
+    ("app.lifecycle.review.settings", "ReviewSettings", "review rules (review group)"),
+    ("app.lifecycle.code.settings", "BulkSettings", "bulk applications (code group)"),
+    ("app.playback.gateway.settings", "GatewaySettings", "gateway group"),
+    ("app.playback.sink.settings", "SinkSettings", "sink group"),
+    ("app.playback.anomaly.settings", "AnomalyRuleSettings", "anomaly rules (anomaly group)"),
+    ("app.playback.anomaly.settings", "AnomalySettings", "anomaly detector (anomaly group)"),
+    ("app.platform.lag.settings", "LagReadSettings", "lag reading (every worker, the lag monitor)"),
     ("app.ops.lag.settings", "LagSettings", "lag monitor (ops group)"),
     ("app.ops.console.settings", "ConsoleSettings", "console overview and review workbench (ops group)"),
     ("app.ops.slo.settings", "SloSettings", "time-to-code service levels (console, alert rules)"),

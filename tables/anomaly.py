@@ -1,318 +1,37 @@
 """State of the anomaly group: snapshots of both detector stages in RocksDB and compacted changelogs.
 
-What backs it: NOT a faust table (the anomaly group's faust App runs without Kafka and declares
-no tables). The detector keeps in memory one :class:`~app.playback.anomaly.windows.PartitionState`
-per owned partition of ``topic.playback.event`` (stage 1: open windows, watermark, closed bound,
-next offset) and one :class:`~app.playback.anomaly.merge.MergeState` per owned partition of the
-partials topic (stage 2: merged windows awaiting completeness, each source partition's mark, the
-EWMA baseline, next offset). At every offset commit it writes a snapshot of each changed state
+What backs it: NOT a faust table (the anomaly group's faust App runs without Kafka and declares no
+tables); the backend is :mod:`app.playback.anomaly.state`. The detector keeps in memory one
+:class:`~app.playback.anomaly.windows.PartitionState` per owned partition of
+``topic.playback.event`` (stage 1: open windows, watermark, closed bound, next offset) and one
+:class:`~app.playback.anomaly.merge.MergeState` per owned partition of the partials topic (stage 2:
+merged windows awaiting completeness, each source partition's mark, the EWMA baseline, next offset).
+At every offset commit it writes a snapshot of each changed state
 
 1. to a local RocksDB store opened with rocksdict (:class:`WindowStore`, key ``p:<partition>``
    for stage 1, ``m:<partition>`` for stage 2, at :func:`window_store_dir`:
    ``<data_dir>/workers/anomaly/windows`` unless configured), and
-2. to its compacted topic -- :data:`CHANGELOG_TOPIC` (the plan's ``ANOMALY_WINDOW_CHANGELOG``,
-   partition = the source partition) or :data:`MERGE_CHANGELOG_TOPIC` (``ANOMALY_MERGE_CHANGELOG``,
-   partition = the partials partition) -- with acks=all, waited for before the offsets are
-   committed.
+2. to its compacted topic -- :data:`ANOMALY_WINDOW_CHANGELOG` (partition = the source
+   partition) or :data:`ANOMALY_MERGE_CHANGELOG` (partition = the partials partition) -- with
+   acks=all, waited for before the offsets are committed.
 
-On assignment a partition's snapshot is taken from the local store when its offset is at least
-the group's committed offset (it is current), else from its changelog's last record
-(:func:`read_changelog`), and the consumer seeks to the snapshot's offset: state and position
-always match, whichever worker restores them. Snapshots hold only open windows (pairs seen once
-left out, the biggest ``max_pairs`` kept) and the baseline (pruned, capped).
+On assignment a partition's snapshot is taken from the local store when its offset is at least the
+group's committed offset (it is current), else from its changelog's last record
+(:func:`~app.playback.anomaly.state.read_changelog`), and the consumer seeks to the snapshot's
+offset: state and position always match, whichever worker restores them. Snapshots hold only open
+windows (pairs seen once left out, the biggest ``max_pairs`` kept) and the baseline (pruned,
+capped).
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Generic, Protocol, TypeVar
-
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import NewTopic
-from rocksdict import Rdict
-
-from app.platform.errors import DependencyUnavailable
-from app.platform.kafka.clients import admin_client, consumer_config
-from app.platform.settings import Settings
-from app.platform.topics import ANOMALY_MERGE_CHANGELOG, ANOMALY_WINDOW_CHANGELOG, TopicSpec
-from app.playback.anomaly.windows import SNAPSHOT_VERSION, PartitionState
+from app.platform.topics import ANOMALY_MERGE_CHANGELOG, ANOMALY_WINDOW_CHANGELOG, ANOMALY_WINDOW_PARTIALS
+from app.playback.anomaly.state import WindowStore, window_store_dir
 
 __all__ = [
-    "CHANGELOG_TOPIC",
-    "MERGE_CHANGELOG_TOPIC",
-    "RESTORE_GROUP",
-    "SNAPSHOT_MAX_BYTES",
-    "SNAPSHOT_VERSION",
-    "PartitionState",
-    "StateTopic",
+    "ANOMALY_MERGE_CHANGELOG",
+    "ANOMALY_WINDOW_CHANGELOG",
+    "ANOMALY_WINDOW_PARTIALS",
     "WindowStore",
-    "ensure_state_topic",
-    "read_changelog",
-    "restore_states",
     "window_store_dir",
 ]
-
-log = logging.getLogger(__name__)
-
-#: Compacted topic of window snapshots; one partition per source partition.
-CHANGELOG_TOPIC: Final = ANOMALY_WINDOW_CHANGELOG.name
-#: Compacted topic of stage-2 snapshots; one partition per partials partition.
-MERGE_CHANGELOG_TOPIC: Final = ANOMALY_MERGE_CHANGELOG.name
-#: Snapshots can be big (open windows of a busy partition): allow 16 MiB records on the topic.
-SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024
-#: Consumer group id of the changelog reads on restore (assign only: it never joins or commits).
-RESTORE_GROUP: Final = "avcc-anomaly-restore"
-_TIMEOUT_S: Final = 30.0
-
-
-class _Snapshotted(Protocol):
-    """A detector state: restored from a snapshot that records its next offset."""
-
-    offset: int | None
-
-
-_S = TypeVar("_S", bound=_Snapshotted)
-
-
-@dataclass(frozen=True, slots=True)
-class StateTopic(Generic[_S]):
-    """A consumed topic whose partitions each have a detector state: where it is snapshotted."""
-
-    #: The consumed topic (its committed offsets tell whether a local snapshot is current).
-    topic: str
-    #: The compacted changelog of the states (partition = the consumed partition).
-    changelog: str
-    #: Key prefix in the :class:`WindowStore`.
-    kind: str
-    parse: Callable[[bytes], _S]
-    fresh: Callable[[int], _S]
-
-
-_NO_LEADER: Final = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_PARTITION,
-    }
-)
-
-
-def window_store_dir(settings: Settings, configured: Path | None = None) -> Path:
-    """Where the local snapshot store lives: ``configured``, else under the data directory."""
-    return configured if configured is not None else settings.data_dir / "workers" / "anomaly" / "windows"
-
-
-class WindowStore:
-    """Local RocksDB copy of the latest snapshot of each partition (a cache of the changelogs).
-
-    ``kind`` tells the stages apart: ``"p"`` source partitions (stage 1), ``"m"`` partials
-    partitions (stage 2).
-    """
-
-    def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._db = Rdict(str(path))
-
-    def get(self, partition: int, kind: str = "p") -> bytes | None:
-        """The stored snapshot of ``partition``."""
-        value = self._db.get(f"{kind}:{partition}")
-        return bytes(value) if value is not None else None
-
-    def put(self, partition: int, snapshot: bytes, kind: str = "p") -> None:
-        """Store the snapshot of ``partition``."""
-        self._db[f"{kind}:{partition}"] = snapshot
-
-    def close(self) -> None:
-        """Flush and release the database lock."""
-        self._db.flush()
-        self._db.close()
-
-
-def ensure_state_topic(
-    settings: Settings,
-    spec: TopicSpec,
-    *,
-    topic: str | None = None,
-    partitions: int | None = None,
-    replication_factor: int | None = None,
-) -> bool:
-    """Create a topic of the detector's own (``spec``'s layout) if missing; ``True`` when created.
-
-    ``topic``/``partitions`` override the spec's (tests, bench, a source topic of another size).
-    An existing topic with another partition count is refused (``ValueError``): states are
-    addressed by partition number. The replication factor defaults to the settings'.
-    """
-    topic = topic if topic is not None else spec.name
-    partitions = partitions if partitions is not None else spec.partitions
-    admin = admin_client(settings)
-    metadata = admin.list_topics(timeout=_TIMEOUT_S)
-    existing = metadata.topics.get(topic)
-    if existing is not None and existing.error is None:
-        if len(existing.partitions) != partitions:
-            raise ValueError(
-                f"{topic} has {len(existing.partitions)} partitions, the plan {partitions}: "
-                "delete it (it is rebuilt from the next snapshots) or fix the plan"
-            )
-        return False
-    if replication_factor is None:
-        replication_factor = settings.replication_factor
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication_factor,
-        config=spec.broker_config() | {"max.message.bytes": str(SNAPSHOT_MAX_BYTES)},
-    )
-    for name, future in admin.create_topics([new], operation_timeout=_TIMEOUT_S).items():
-        try:
-            future.result(timeout=_TIMEOUT_S)
-        except Exception as exc:  # KafkaException: a concurrent worker may have created it
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                _wait_until_led(admin, topic, partitions)
-                return False
-            raise DependencyUnavailable(f"cannot create {name}: {exc}") from exc
-    _wait_until_led(admin, topic, partitions)
-    log.info("created %s topic %s (%d partitions)", spec.cleanup_policy, topic, partitions)
-    return True
-
-
-def _wait_until_led(admin: Any, topic: str, partitions: int) -> None:
-    """Return once the broker's metadata shows ``topic`` with every partition led.
-
-    A topic just created reaches the brokers' metadata a little later (KRaft propagates it), and
-    a consumer that subscribes before then is told the topic does not exist and looks again only
-    at its next metadata refresh, minutes later: the detector's second stage would sit idle.
-    """
-    deadline = time.monotonic() + _TIMEOUT_S
-    while True:
-        found = admin.list_topics(topic=topic, timeout=_TIMEOUT_S).topics.get(topic)
-        if (
-            found is not None
-            and found.error is None
-            and len(found.partitions) == partitions
-            and all(p.leader >= 0 for p in found.partitions.values())
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise DependencyUnavailable(f"{topic} was created but its partitions have no leader yet")
-        time.sleep(0.1)
-
-
-def read_changelog(
-    settings: Settings,
-    partitions: Iterable[int],
-    *,
-    topic: str = CHANGELOG_TOPIC,
-    timeout_s: float = 20.0,
-) -> dict[int, bytes]:
-    """The last snapshot record of each of ``partitions`` in the changelog (absent: none).
-
-    Reads from just before each partition's reported end up to the real end (some brokers report
-    a stale end offset, so it reads on until the broker says end-of-partition).
-    """
-    wanted = sorted(set(partitions))
-    if not wanted:
-        return {}
-    restore: dict[str, Any] = {"enable.partition.eof": True, "fetch.message.max.bytes": SNAPSHOT_MAX_BYTES}
-    conf = consumer_config(settings, RESTORE_GROUP, RESTORE_GROUP, **restore)
-    consumer = Consumer(conf)
-    latest: dict[int, bytes] = {}
-    try:
-        assignment: list[TopicPartition] = []
-        for partition in wanted:
-            low, high = _watermarks(consumer, TopicPartition(topic, partition))
-            if high > low:
-                assignment.append(TopicPartition(topic, partition, max(low, high - 1)))
-        if not assignment:
-            return {}
-        consumer.assign(assignment)
-        pending = {tp.partition for tp in assignment}
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=100, timeout=0.5):
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(message.partition())
-                        continue
-                    raise DependencyUnavailable(f"reading {topic}: {error.str()}")
-                value = message.value()
-                if value is not None:
-                    latest[int(message.partition())] = bytes(value)
-        unread = sorted(pending - latest.keys())
-        if unread:
-            raise DependencyUnavailable(f"changelog {topic}: partitions {unread} unreadable in {timeout_s} s")
-        if pending:
-            log.warning("changelog %s: no end of partition %s in %.0f s", topic, sorted(pending), timeout_s)
-    finally:
-        consumer.close()
-    return latest
-
-
-def _watermarks(consumer: Consumer, tp: TopicPartition, attempts: int = 20) -> tuple[int, int]:
-    """Low/high offsets of ``tp``, retrying the transient errors of a fresh topic (no leader yet)."""
-    for attempt in range(attempts):
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10.0)
-            return int(low), int(high)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            retriable = isinstance(error, KafkaError) and (error.retriable() or error.code() in _NO_LEADER)
-            if not retriable or attempt == attempts - 1:
-                raise DependencyUnavailable(f"offsets of {tp.topic}[{tp.partition}]: {exc}") from exc
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
-
-
-def restore_states(
-    settings: Settings,
-    store: WindowStore,
-    consumer: Consumer,
-    states: StateTopic[_S],
-    partitions: list[int],
-) -> dict[int, _S]:
-    """The state of each of ``partitions``: the local snapshot if current, else the changelog's.
-
-    A local snapshot is current when its offset is at least the group's committed offset of the
-    partition; otherwise the changelog's last record wins when it is at least as far. Partitions
-    without any snapshot get a fresh state.
-    """
-    topic, parse = states.topic, states.parse
-    if not partitions:
-        return {}
-    committed = {
-        tp.partition: tp.offset
-        for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
-    }
-    restored: dict[int, _S] = {}
-    need_changelog: list[int] = []
-    for partition in partitions:
-        raw = store.get(partition, states.kind)
-        state = parse(raw) if raw else None
-        floor = committed.get(partition, OFFSET_INVALID)
-        if state is not None and state.offset is not None and (floor < 0 or state.offset >= floor):
-            restored[partition] = state
-            continue
-        need_changelog.append(partition)
-        if state is not None:
-            restored[partition] = state
-    if need_changelog:
-        for partition, raw in read_changelog(settings, need_changelog, topic=states.changelog).items():
-            remote = parse(raw)
-            local = restored.get(partition)
-            if local is None or (remote.offset or 0) >= (local.offset or 0):
-                restored[partition] = remote
-    sources = {p: ("local" if p not in need_changelog else "changelog") for p in restored}
-    log.info(
-        "anomaly: restored %d of %d partitions of %s (%s)", len(restored), len(partitions), topic, sources
-    )
-    for partition in partitions:
-        if partition not in restored:
-            restored[partition] = states.fresh(partition)
-    return restored

@@ -38,31 +38,6 @@ offset of its consumer group, and the partitions it holds back are re-read after
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-from typing import Final
+from app.ops.dlq.service import DLQ_CONSUMER_GROUP, DLQ_STORE_DIR, dlq_store_path
 
-from app.platform.kafka.admin import apply_plan
-from app.platform.settings import Settings
-from app.platform.topics import DLQ_STATE
-
-__all__ = ["DLQ_CONSUMER_GROUP", "DLQ_STORE_DIR", "dlq_store_path", "ensure_state_topic"]
-
-#: Directory of the DLQ store under the data dir.
-DLQ_STORE_DIR: Final = "dlq"
-#: Consumer group whose commits mirror the DLQ store's positions (for lag monitoring only).
-DLQ_CONSUMER_GROUP: Final = "avcc-ops-dlq"
-
-
-def dlq_store_path(settings: Settings) -> Path:
-    """Where the DLQ store lives: ``<data dir>/dlq`` (created on demand)."""
-    return settings.resolve_data_path(DLQ_STORE_DIR)
-
-
-def ensure_state_topic(settings: Settings, name: str = DLQ_STATE.name) -> None:
-    """Create the DLQ state topic ``name`` (laid out like :data:`DLQ_STATE`) if it is missing.
-
-    ``avcc worker ops`` and ``avcc topics apply`` create it with the plan; this covers an ops
-    service embedded in another App (tests, tooling). Blocks on the broker: call from a thread.
-    """
-    apply_plan(settings, [replace(DLQ_STATE, name=name)])
+__all__ = ["DLQ_CONSUMER_GROUP", "DLQ_STORE_DIR", "dlq_store_path"]

@@ -1,1 +1,1 @@
-"""Operations: retry forwarding, the DLQ (store, console, CLI), consumer lag, alerts, watchdog."""
+"""Operations: retry forwarding, the DLQ (store, console, CLI), consumer lag, alerts, service levels."""

@@ -1,10 +1,10 @@
 """``GET /docs`` on the console port: the partner API document (``schemas/openapi.yaml``) as HTML.
 
 Server-side tables of every operation (scope, parameters, body, answers) and of every schema
-they use, rendered from :func:`app.api.partner_document` (the same declarations the workers
-serve as ``/openapi.json``), so the page cannot drift from the API. No script, no CDN: the
-console's Content-Security-Policy allows inline styles only. The page stays behind the
-operator login like every console page: partners get the document itself.
+they use, rendered from the partner document (:func:`app.api.partner_document`: the same
+declarations the workers serve as ``/openapi.json``), so the page cannot drift from the API. No
+script, no CDN: the console's Content-Security-Policy allows inline styles only. The page stays
+behind the operator login like every console page: partners get the document itself.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import faust
-
-from app.api import partner_document
 
 __all__ = ["ROUTE", "install_api_docs", "render_api_docs", "schema_summary"]
 
@@ -168,9 +166,10 @@ def render_api_docs(document: Mapping[str, Any]) -> str:
     )
 
 
-def install_api_docs(app: faust.App) -> None:
-    """Serve ``GET /docs`` (operator login, like every console page) on ``app``."""
-    page = render_api_docs(partner_document())
+def install_api_docs(app: faust.App, document: Mapping[str, Any]) -> None:
+    """Serve ``GET /docs`` (operator login, like every console page) on ``app``: ``document``, the
+    partner API document, as HTML (the ops group's wiring hands it over, see :mod:`app.api`)."""
+    page = render_api_docs(document)
 
     async def docs(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         return self.html(page)

@@ -1,9 +1,13 @@
-"""Exception hierarchy of the AVCC pipeline.
+"""Exception hierarchy of the AVCC pipeline: one tree, rooted in :class:`AvccError`.
 
-Every error the pipeline raises on purpose derives from :class:`AvccError`::
+Every error the pipeline raises on purpose derives from :class:`AvccError`
+(``tests/unit/test_errors.py`` walks every module and says so)::
 
-    AvccError
+    AvccError                       (defined with the contracts, the bottom floor: schemas.errors)
     ├── ConfigurationError          bad or missing settings; fix the environment and restart
+    │   ├── KafkaAccessRefused      the broker refuses these credentials or ACLs (exit status says which)
+    │   ├── PortInUse               a port the dev stack needs is taken (app.supervisor.ports)
+    │   └── TablesFromAnotherBroker the workers' tables were built on another broker's data
     ├── NonRetriableError           retrying cannot help: the message goes straight to the DLQ
     │   └── BusinessRuleViolation   a well-formed event the domain refuses
     ├── RetriableError              a transient failure: back off, retry, then the retry topic
@@ -12,11 +16,23 @@ Every error the pipeline raises on purpose derives from :class:`AvccError`::
     │   ├── ChainTransactionFailed  the chain refused or reverted a transaction (nonce, gas, revert)
     │   └── LockConflict            a concurrent writer holds the resource
     ├── TopicPlanDrift              the broker's topics differ from the plan in a way we may not fix
-    └── BrokerCapabilityError       the broker cannot honour a producer profile
-
-    schemas.errors.ContractError    (defined with the contracts, which import nothing from app)
-    ├── UndecodableMessage          bytes that are not JSON / not an object
-    └── SchemaViolation             JSON that breaks a payload contract (names the fields)
+    ├── BrokerCapabilityError       the broker cannot honour a producer profile
+    ├── ContractError               (schemas.errors: the contracts import nothing from app)
+    │   ├── UndecodableMessage      bytes that are not JSON / not an object
+    │   └── SchemaViolation         JSON that breaks a payload contract (names the fields)
+    ├── RequestRefused              an HTTP request refused: its response() is the JSON answer
+    │   │                           (app.platform.http.responses; one error body on every route)
+    │   ├── BadRequest              an unusable body or parameter (400, names the fields)
+    │   ├── BatchError              a body that is no batch (400/413/415; TooManyItems)
+    │   └── AuthenticationFailed, Forbidden, PayloadTooLarge, BodyTimeout, NonceStoreUnavailable
+    ├── PeerError                   another worker unreachable or refusing (PeerUnreachable)
+    ├── ReaderAborted               an offsets read stopped because its reader was closed
+    ├── DlqError                    a DLQ console action refused (not found, refused, not caught up)
+    ├── ConsoleError                the DLQ console answered the CLI with an error
+    ├── ApiError                    the partner client got a refusal (DuplicateContent)
+    ├── ServerStartError            a dev server did not start (ServerNotInstalled)
+    ├── ShapeChanged                a faust/aiokafka private the project relies on changed (also ImportError)
+    └── GitRefError                 the contract check could not read a git ref
 
 :data:`NON_RETRIABLE` is what the error policy dead-letters at once: ``NonRetriableError`` and
 every ``ContractError``.
@@ -26,7 +42,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schemas.errors import ContractError, SchemaViolation, UndecodableMessage
+from schemas.errors import AvccError, ContractError, SchemaViolation, UndecodableMessage
 
 __all__ = [
     "NON_RETRIABLE",
@@ -45,10 +61,6 @@ __all__ = [
     "TopicPlanDrift",
     "UndecodableMessage",
 ]
-
-
-class AvccError(Exception):
-    """Root of every error raised on purpose by the pipeline."""
 
 
 class ConfigurationError(AvccError):

@@ -1,11 +1,18 @@
-"""Settings: one frozen object read from ``AVCC_*`` environment variables."""
+"""Settings: frozen objects read from ``AVCC_*`` environment variables, one getter each.
+
+The convention every settings class of the pipeline follows (``tests/unit/test_settings_convention.py``
+lists them): a class named ``*Settings`` in its package's ``settings.py``, a frozen pydantic
+``BaseSettings`` with an ``AVCC_*`` prefix, each field documented (the README's configuration
+tables are generated from them) and no field repeated by another class; read through its one
+cached getter, made by :func:`cached_settings` (``cache_clear()`` reads the environment again).
+"""
 
 from __future__ import annotations
 
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, field_validator
@@ -15,7 +22,25 @@ from app.platform.credentials import ApiKey, refuse_weak_secret
 from app.platform.errors import ConfigurationError
 from app.platform.redaction import redact_url
 
-__all__ = ["DEV_HMAC_KEYS", "Settings", "get_settings"]
+__all__ = ["DEV_HMAC_KEYS", "Settings", "SettingsGetter", "cached_settings", "get_settings"]
+
+_S = TypeVar("_S", bound=BaseSettings)
+_S_co = TypeVar("_S_co", bound=BaseSettings, covariant=True)
+
+
+class SettingsGetter(Protocol[_S_co]):
+    """The one getter of a settings class: the same object at every call."""
+
+    def __call__(self) -> _S_co: ...
+
+    def cache_clear(self) -> None:
+        """Forget the object: the next call reads the environment again."""
+
+
+def cached_settings(kind: type[_S]) -> SettingsGetter[_S]:
+    """The getter of ``kind``: built from the environment on the first call, the same after."""
+    return lru_cache(maxsize=1)(kind)
+
 
 #: The only credential the project ships, for the dev stack alone (``avcc dev`` says so loudly).
 DEV_HMAC_KEYS: dict[str, str] = {"dev": "dev-secret"}
@@ -346,7 +371,5 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process-wide settings (read once from the environment)."""
-    return Settings()
+#: The process-wide settings (read once from the environment).
+get_settings: SettingsGetter[Settings] = cached_settings(Settings)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 __all__ = [
     "ANOMALY",
     "ANOMALY_MERGE_CHANGELOG",
+    "ANOMALY_SNAPSHOT_MAX_BYTES",
     "ANOMALY_WINDOW_CHANGELOG",
     "ANOMALY_WINDOW_PARTIALS",
     "APPLY_CREATED",
@@ -73,6 +74,8 @@ class TopicSpec:
     profile: ProducerProfile
     purpose: str
     replication_factor: int = 1
+    #: The largest record the topic accepts (``max.message.bytes``); ``None``: the broker's default.
+    max_message_bytes: int | None = None
 
     @property
     def retention_days(self) -> float | None:
@@ -85,6 +88,8 @@ class TopicSpec:
         config = {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
         if self.cleanup_policy == "compact":
             config.update(COMPACTION)
+        if self.max_message_bytes is not None:
+            config["max.message.bytes"] = str(self.max_message_bytes)
         return config
 
     def as_dict(self) -> dict[str, Any]:
@@ -186,9 +191,12 @@ ANOMALY = TopicSpec(
     profile="core",
     purpose="anomalies detected on the playback stream, with their evidence",
 )
+#: The largest record of the anomaly detector's topics: snapshots can be big (the open windows of
+#: a busy partition).
+ANOMALY_SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
 #: Snapshots of the anomaly detector's open windows, one partition per playback partition (key =
-#: the partition number). Not in TOPIC_PLAN: the detector creates it itself
-#: (``tables.anomaly.ensure_state_topic``) with the 16 MiB ``max.message.bytes`` its snapshots need.
+#: the partition number). Not in TOPIC_PLAN: the detector creates it when it starts
+#: (:func:`app.platform.kafka.admin.ensure_state_topic`), like its two other topics.
 ANOMALY_WINDOW_CHANGELOG = TopicSpec(
     name="avcc-anomaly-window-changelog",
     partitions=PLAYBACK_EVENT.partitions,
@@ -197,6 +205,7 @@ ANOMALY_WINDOW_CHANGELOG = TopicSpec(
     key_field="source partition number",
     profile="core",
     purpose="window snapshots of the anomaly detector (its state's changelog)",
+    max_message_bytes=ANOMALY_SNAPSHOT_MAX_BYTES,
 )
 #: Stage 1 -> stage 2 of the anomaly detector: each source partition's closed windows, split by
 #: ``crc32(avcc_code) mod partitions`` so every code's counts from all 24 source partitions meet
@@ -212,6 +221,7 @@ ANOMALY_WINDOW_PARTIALS = TopicSpec(
     key_field="source partition number (partition = avcc_code bucket)",
     profile="core",
     purpose="partial window aggregates of the anomaly detector (stage 1 -> stage 2)",
+    max_message_bytes=ANOMALY_SNAPSHOT_MAX_BYTES,
 )
 #: Snapshots of stage 2 (merged windows awaiting completeness, marks, baselines), one partition
 #: per partials partition (key = that partition number). Not in TOPIC_PLAN, like the other.
@@ -223,6 +233,7 @@ ANOMALY_MERGE_CHANGELOG = TopicSpec(
     key_field="partials partition number",
     profile="core",
     purpose="stage-2 snapshots of the anomaly detector (merged windows and baselines)",
+    max_message_bytes=ANOMALY_SNAPSHOT_MAX_BYTES,
 )
 
 #: Internal topics of the code and review groups. Each is keyed like the table it feeds and has

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.servers.process import LOOPBACK, ManagedServer, ServerNotInstalled, free_port
+from app.servers.process import LOOPBACK, ManagedServer, ServerNotInstalled
 
 __all__ = ["CHAIN_TOOLS_DIR", "DEV_CHAIN_ID", "GanacheNode", "find_node", "rpc_call"]
 
@@ -58,8 +58,8 @@ class GanacheNode(ManagedServer):
     def __init__(
         self,
         data_dir: Path,
-        port: int | None = None,
         *,
+        port: int,
         funded_keys: Sequence[str] = (),
         chain_id: int = DEV_CHAIN_ID,
         instamine: str = "eager",
@@ -72,7 +72,7 @@ class GanacheNode(ManagedServer):
         super().__init__(
             data_dir, ready_timeout=ready_timeout, stop_timeout=stop_timeout, die_with_parent=die_with_parent
         )
-        self.port = port if port is not None else free_port()
+        self.port = port
         self.funded_keys = list(funded_keys)
         self.chain_id = chain_id
         self.instamine = instamine

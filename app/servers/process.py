@@ -1,4 +1,4 @@
-"""Subprocess supervision shared by the locally managed servers (Kafka, ClickHouse, ganache)."""
+"""Subprocess supervision shared by the locally managed servers (Kafka, ganache; the test harness's too)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ import atexit
 import contextlib
 import ctypes
 import os
-import random
 import signal
 import socket
 import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Protocol, Self
+from typing import ClassVar, Self
+
+from app.platform.errors import AvccError
 
 __all__ = [
     "LOOPBACK",
@@ -25,25 +26,17 @@ __all__ = [
     "ServerNotInstalled",
     "ServerStartError",
     "die_with_parent",
-    "free_port",
-    "free_port_block",
     "port_is_open",
-    "start_together",
-    "stop_together",
 ]
 
 LOOPBACK = "127.0.0.1"
-
-
-class _Stoppable(Protocol):
-    def stop(self) -> Any: ...
 
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_BYTES = 4000
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(AvccError):
     """A managed server was started but did not become ready (or exited early)."""
 
 
@@ -52,95 +45,6 @@ class ServerNotInstalled(ServerStartError):
 
 
 # --------------------------------------------------------------------------- ports
-
-_ports_lock = threading.Lock()
-_handed_out: set[int] = set()
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def stop_together(members: Iterable[_Stoppable]) -> None:
-    """``stop()`` every member at once, each in a thread, and wait for all (the first failure
-    is raised after). A KRaft cluster stopped node by node loses its controller quorum after
-    the first node, and each later node waits out its stop timeout for a controlled shutdown
-    that can no longer complete; workers stopped one by one add up their shutdown times."""
-    failures: list[BaseException] = []
-
-    def stop(member: _Stoppable) -> None:
-        try:
-            member.stop()
-        except BaseException as exc:
-            failures.append(exc)
-
-    threads = [threading.Thread(target=stop, args=(m,), name="stop-together") for m in members]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
-
-
-def start_together(members: Iterable[ManagedProcess]) -> None:
-    """Launch every member, then wait until each is ready: they start side by side, so a stack
-    of workers is up in about the time of its slowest one rather than the sum of them all."""
-    started = list(members)
-    for member in started:
-        member.start(wait=False)
-    for member in started:
-        member.wait_ready()
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """Return a TCP port on ``host`` that is free now and was not handed out before.
-
-    Ports are drawn below the kernel's ephemeral range when possible, so outgoing client
-    connections cannot grab a server's port while that server is being restarted.
-    """
-    low, _ = _ephemeral_range()
-    with _ports_lock:
-        if low > 12000:
-            for _ in range(200):
-                port = random.randrange(10000, low)
-                if port not in _handed_out and _bindable(host, port):
-                    _handed_out.add(port)
-                    return port
-        for _ in range(200):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((host, 0))
-                port = int(sock.getsockname()[1])
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
-    raise RuntimeError(f"could not find a free TCP port on {host}")
-
-
-def free_port_block(offsets: Iterable[int], host: str = LOOPBACK) -> int:
-    """A base port such that ``base + offset`` is free on ``host`` for every offset (a stack
-    whose processes listen at fixed offsets from one port, like ``avcc dev``)."""
-    wanted = sorted(set(offsets))
-    for _ in range(200):
-        base = free_port(host)
-        if all(_bindable(host, base + o) and base + o not in _handed_out for o in wanted if o):
-            with _ports_lock:
-                _handed_out.update(base + o for o in wanted)
-            return base
-    raise RuntimeError(f"could not find {len(wanted)} free TCP ports at fixed offsets on {host}")
 
 
 def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -194,7 +98,37 @@ def _tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
         return ""
 
 
-class ManagedProcess:
+class _Restartable:
+    """``restart()`` and ``with``: a stop, then a start (same ports, same data); started on
+    entering the block, stopped on leaving it."""
+
+    def start(self) -> None:
+        """Start (and wait for readiness)."""
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        """Stop gracefully."""
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """Stop gracefully, then start again (and wait for readiness)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ManagedProcess(_Restartable):
     """One server subprocess in its own process group, logging to a file, with a readiness probe.
 
     ``env`` is the complete environment (``None`` inherits ours). ``ready`` is polled every
@@ -363,29 +297,12 @@ class ManagedProcess:
             _live.discard(self)
         return self._popen.returncode
 
-    def restart(self) -> None:
-        """Stop gracefully, then start again and wait for readiness."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else f"exited={self.returncode}"
         return f"<ManagedProcess {self.name} {state}>"
 
 
-class ManagedServer(ABC):
+class ManagedServer(_Restartable, ABC):
     """Base for a server with a data directory, a generated config and a readiness probe."""
 
     name: ClassVar[str] = "server"
@@ -406,7 +323,7 @@ class ManagedServer(ABC):
 
     # -- hooks for subclasses ------------------------------------------------------
 
-    def _prepare(self) -> None:  # noqa: B027 - optional hook, not abstract
+    def _prepare(self) -> None:
         """Write configuration, create directories; called before every start."""
 
     @abstractmethod
@@ -501,23 +418,6 @@ class ManagedServer(ABC):
         """SIGKILL the server (crash simulation); data on disk is kept."""
         if self._process is not None:
             self._process.kill()
-
-    def restart(self) -> None:
-        """Graceful stop followed by a start on the same ports and data directory."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {'running' if self.running else 'stopped'} data_dir={self.data_dir}>"

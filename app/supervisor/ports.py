@@ -1,9 +1,13 @@
-"""Port preflight for the dev stack: is every port it will listen on free, and who holds it if not.
+"""The dev stack's port plan and its preflight: every port the stack will listen on, planned in one
+place, free, and who holds it if not.
 
-Checked before anything starts, so ``avcc dev`` fails within a second naming the port instead of
-letting a server die on ``AddrInUse`` while the stack talks to whatever holds the port. The
-holder is looked up in ``/proc`` (Linux; only processes of the same user are visible): cheap,
-and best effort (``None`` when it cannot be told).
+:class:`PortPlan` names every listener of the stack (the broker, its KRaft controller, each
+group's web server, the dev chain). It is checked before anything starts, so ``avcc dev`` fails
+within a second naming the port instead of letting a server die on ``AddrInUse`` while the stack
+talks to whatever holds the port: two listeners the plan puts on one port
+(:class:`PortPlanConflict`), or a planned port something else holds (:class:`PortInUse`). The
+holder is looked up in ``/proc`` (Linux; only processes of the same user are visible): cheap, and
+best effort (``None`` when it cannot be told). The banner names the plan.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from app.platform.errors import ConfigurationError
 
-__all__ = ["PortClaim", "PortInUse", "port_holders", "require_free_ports"]
+__all__ = ["PortClaim", "PortInUse", "PortPlan", "PortPlanConflict", "port_holders", "require_free_ports"]
 
 #: ``/proc/net/tcp`` state of a listening socket (a merely bound one is not listed there at all).
 _LISTEN = "0A"
@@ -46,6 +50,56 @@ class PortInUse(ConfigurationError):
             "; ".join(lines) + ". Stop what holds it, or move the stack with AVCC_KAFKA_URL "
             "(broker port) / AVCC_WEB_PORT (web ports)."
         )
+
+
+class PortPlanConflict(ConfigurationError):
+    """Two listeners of the dev stack are planned on one port: move the stack's ports apart."""
+
+    def __init__(self, clashes: list[tuple[PortClaim, PortClaim]]) -> None:
+        self.clashes = clashes
+        lines = [f"port {a.port} is planned for both {a.purpose} and {b.purpose}" for a, b in clashes]
+        super().__init__(
+            "; ".join(lines) + ". Move the stack with AVCC_KAFKA_URL (the broker's port; its KRaft "
+            "controller listens on the next one) / AVCC_WEB_PORT (web ports)."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PortPlan:
+    """Every TCP port a stack listens on, each named by what listens there."""
+
+    claims: tuple[PortClaim, ...]
+
+    def conflicts(self) -> list[tuple[PortClaim, PortClaim]]:
+        """Pairs of listeners the plan puts on one port (of hosts that can clash)."""
+        return [
+            (first, second)
+            for i, first in enumerate(self.claims)
+            for second in self.claims[i + 1 :]
+            if first.port == second.port and _clash(first.host, second.host)
+        ]
+
+    def check(self) -> None:
+        """:class:`PortPlanConflict` when two listeners share a port, else :class:`PortInUse`
+        naming every planned port that cannot be bound now."""
+        clashes = self.conflicts()
+        if clashes:
+            raise PortPlanConflict(clashes)
+        require_free_ports(self.claims)
+
+    def describe(self) -> str:
+        """The plan for the banner: one listener a line, ``host:port  what``."""
+        return "\n".join(f"   {claim.host}:{claim.port:<6} {claim.purpose}" for claim in self.claims)
+
+
+def _clash(first: str, second: str) -> bool:
+    """Whether servers on ``first`` and ``second`` contend for a port (a wildcard meets every
+    host; two addresses only when they are the same)."""
+    return first == second or first in _WILDCARDS or second in _WILDCARDS
+
+
+#: Hosts that bind every interface.
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
 def _bindable(claim: PortClaim) -> bool:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.platform.settings import SettingsGetter, cached_settings
 from app.supervisor.backoff import BackoffPolicy
 
-__all__ = ["SupervisorSettings"]
+__all__ = ["SupervisorSettings", "get_supervisor_settings"]
 
 
 class SupervisorSettings(BaseSettings):
@@ -40,3 +41,7 @@ class SupervisorSettings(BaseSettings):
             stable_s=self.restart_stable_s,
             crash_loop_after=self.crash_loop_restarts,
         )
+
+
+#: The process's supervisor settings.
+get_supervisor_settings: SettingsGetter[SupervisorSettings] = cached_settings(SupervisorSettings)

@@ -31,17 +31,13 @@ from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN
-from app.servers import (
-    ClickHouseServer,
-    KafkaCluster,
-    KafkaKRaftBroker,
-    ServerNotInstalled,
-    ServerStartError,
-    ensure_kafka_libs,
-)
-from app.servers.clickhouse_cluster import ClickHouseCluster
+from app.servers import KafkaKRaftBroker, ServerNotInstalled, ServerStartError, ensure_kafka_libs
 from app.servers.ganache import GanacheNode
-from app.servers.kafka_secure import KafkaSecureBroker
+from testing.clickhouse import ClickHouseServer
+from testing.clickhouse_cluster import ClickHouseCluster
+from testing.kafka_cluster import KafkaCluster
+from testing.kafka_secure import KafkaSecureBroker
+from testing.ports import free_port, free_port_block
 from tests.figures import Report, reporter
 from tests.integration.stack import CORE_GROUPS, Stack
 
@@ -99,7 +95,10 @@ def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def kafka_broker(servers_dir: Path) -> Iterator[KafkaKRaftBroker]:
     """Apache Kafka 3.9 (KRaft, single node) running for the whole session; data survives restarts."""
     broker = _launch(
-        "kafka", lambda: KafkaKRaftBroker(servers_dir / "kafka", ensure_kafka_libs(), die_with_parent=True)
+        "kafka",
+        lambda: KafkaKRaftBroker(
+            servers_dir / "kafka", ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+        ),
     )
     _stop_after_last_user["kafka_broker"] = lambda: _shutdown("kafka", broker)
     yield broker
@@ -137,7 +136,9 @@ def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
     name = f"ganache ({root.name})"
     node = _launch(
         name,
-        lambda: GanacheNode(root / "node", funded_keys=[key], block_time_s=1.0, die_with_parent=True),
+        lambda: GanacheNode(
+            root / "node", port=free_port(), funded_keys=[key], block_time_s=1.0, die_with_parent=True
+        ),
     )
     yield EvmChain(node, key, key_file)
     _shutdown(name, node)
@@ -181,13 +182,33 @@ def stack_broker(kafka_broker: KafkaKRaftBroker) -> KafkaKRaftBroker:
     return kafka_broker
 
 
+def _private_broker(root: Path) -> tuple[str, KafkaKRaftBroker]:
+    """A broker of one module or test, started, on its data in ``root``: its name and itself."""
+    name = f"kafka ({root.name})"
+    broker = _launch(
+        name,
+        lambda: KafkaKRaftBroker(
+            root, ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+        ),
+    )
+    return name, broker
+
+
 @pytest.fixture(scope="module")
 def module_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
     """A Kafka broker of the requesting module alone, for modules that run agent-group workers:
     on the session broker they would join the session core stack's consumer groups."""
-    root = tmp_path_factory.mktemp("module-kafka")
-    name = f"kafka ({root.name})"
-    broker = _launch(name, lambda: KafkaKRaftBroker(root, ensure_kafka_libs(), die_with_parent=True))
+    name, broker = _private_broker(tmp_path_factory.mktemp("module-kafka"))
+    yield broker
+    _shutdown(name, broker)
+
+
+@pytest.fixture
+def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
+    """A Kafka broker of the requesting test alone, with the plan's topics: for a test whose
+    workers run as in production (the plan's topics, the group's own consumer group)."""
+    name, broker = _private_broker(tmp_path_factory.mktemp("own-kafka"))
+    apply_plan(Settings(kafka_url=f"kafka://{broker.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
     yield broker
     _shutdown(name, broker)
 
@@ -209,7 +230,12 @@ def module_secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ka
     own) and authorizes every request by ACL; ``admin`` is its only client super user."""
     root = tmp_path_factory.mktemp("kafka-secure")
     name = f"secure kafka ({root.name})"
-    broker = _launch(name, lambda: KafkaSecureBroker(root, ensure_kafka_libs(), die_with_parent=True))
+    broker = _launch(
+        name,
+        lambda: KafkaSecureBroker(
+            root, ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+        ),
+    )
     yield broker
     _shutdown(name, broker)
 

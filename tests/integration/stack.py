@@ -19,10 +19,12 @@ import orjson
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.http.auth import sign_request
-from app.servers.process import ManagedProcess, free_port, start_together, stop_together
-from app.servers.workers import group_worker, worker_ready
+from app.servers.process import ManagedProcess
 from bench.client import Answer, call, settled
 from bench.data import o_level_application
+from testing.ports import free_port
+from testing.processes import start_together, stop_together
+from testing.workers import group_worker, worker_ready
 
 __all__ = [
     "API_KEY",

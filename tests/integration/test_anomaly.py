@@ -18,9 +18,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from app.platform.settings import Settings
-from app.playback.anomaly.config import AnomalySettings
 from app.playback.anomaly.detector import AnomalyDetector
 from app.playback.anomaly.rules import ANOMALY_NAMESPACE
+from app.playback.anomaly.settings import AnomalyRuleSettings, AnomalySettings
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
 from tests.integration.reads import end_offsets, wait_committed
@@ -100,9 +100,8 @@ class Setup:
         for future in admin.create_topics(topics, operation_timeout=30).values():
             future.result(timeout=30)
         self.settings = Settings(kafka_url=f"kafka://{self.bootstrap}", kafka_session_timeout_ms=6000)
-        self.config = AnomalySettings(
-            window_s=60, lateness_windows=1, commit_interval_s=0.5, share_min_count=100
-        )
+        self.config = AnomalySettings(lateness_windows=1, commit_interval_s=0.5)
+        self.rules = AnomalyRuleSettings(window_s=60, share_min_count=100)
         self.produced = 0
 
     def produce(self, *streams: Iterator[bytes]) -> None:
@@ -120,6 +119,7 @@ class Setup:
         detector = AnomalyDetector(
             self.settings,
             self.config,
+            rules=self.rules,
             source_topic=self.source,
             anomaly_topic=self.anomalies,
             changelog_topic=self.changelog,

@@ -30,6 +30,7 @@ from app.playback.anomaly.detector import GROUP
 from app.servers import KafkaKRaftBroker, ensure_kafka_libs
 from schemas.envelope import Envelope
 from schemas.system import AnomalyDetected
+from testing.ports import free_port_block
 from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -209,7 +210,9 @@ def anomalies(bootstrap: str) -> set[Finding]:
 
 def run(root: Path, workers: int) -> tuple[set[Finding], list[int]]:
     """The anomalies ``workers`` anomaly workers find in the input, and each one's partition count."""
-    with KafkaKRaftBroker(root / "kafka", ensure_kafka_libs(), die_with_parent=True) as broker:
+    with KafkaKRaftBroker(
+        root / "kafka", ensure_kafka_libs(), port=free_port_block((0, 1)), die_with_parent=True
+    ) as broker:
         return run_on(broker, root / "workers", workers)
 
 

@@ -23,7 +23,7 @@ import requests
 from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 
-from app.servers.clickhouse import ClickHouseServer
+from testing.clickhouse import ClickHouseServer
 from tests.integration.api_fuzz import FuzzSummary, HmacAuth, call_documented, fuzz_seed, fuzz_worker
 from tests.integration.stack import API_KEY, API_SECRET, Stack, application, wait_for
 
@@ -60,11 +60,11 @@ RECORD = "/v1/avcc/records/{avcc_record_id}"
 def playback_workers(
     stack_broker: Any, clickhouse_server: ClickHouseServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    """A gateway, a sink (own consumer group, own ClickHouse database) and an ops worker, for the
-    module's three tests (none stops or kills them)."""
+    """A gateway, a sink (its own ClickHouse database) and an ops worker, for the module's three
+    tests (none stops or kills them)."""
     unique = uuid.uuid4().hex[:10]
     database = clickhouse_server.url.rsplit("/", 1)[0] + f"/api_fuzz_{unique}"
-    env = {"AVCC_CLICKHOUSE_URL": database, "AVCC_SINK_GROUP_ID": f"api-fuzz-sink-{unique}"}
+    env = {"AVCC_CLICKHOUSE_URL": database}
     stack = Stack(stack_broker.bootstrap, tmp_path_factory.mktemp("playback"), env=env)
     try:
         stack.start("gateway", "sink", "ops")

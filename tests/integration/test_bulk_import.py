@@ -251,6 +251,7 @@ def test_a_batch_answers_each_item_like_the_single_route(stack: Stack) -> None:
         "index": 3,
         "http_status": 400,
         "error": single_invalid["error"],
+        "reason": single_invalid["reason"],
         "fields": ["priority"],
     }
     assert items[0]["avcc_record_id"] == items[4]["avcc_record_id"] != single["avcc_record_id"]

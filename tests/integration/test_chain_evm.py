@@ -30,7 +30,7 @@ from app.platform.settings import Settings
 from app.platform.topics import DLQ, TOPIC_PLAN
 from app.servers import KafkaKRaftBroker
 from app.servers.ganache import rpc_call
-from app.servers.process import free_port
+from testing.ports import free_port
 from tests.integration.conftest import EvmChain
 from tests.integration.stack import ROOT, Stack, application, record_when, wait_for
 from tests.integration.test_lifecycle import _read_all

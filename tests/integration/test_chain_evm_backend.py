@@ -33,7 +33,8 @@ from app.lifecycle.chain.registry import (
 )
 from app.platform.errors import DependencyUnavailable
 from app.servers.ganache import GanacheNode, rpc_call
-from app.servers.process import ServerNotInstalled, free_port
+from app.servers.process import ServerNotInstalled
+from testing.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ class Chain:
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     root = tmp_path_factory.mktemp("strict-chain")
     key = create_key_file(root / "signer.key")
-    node = GanacheNode(root / "node", funded_keys=[key], instamine="strict", die_with_parent=True)
+    node = GanacheNode(
+        root / "node", port=free_port(), funded_keys=[key], instamine="strict", die_with_parent=True
+    )
     try:
         node.start()
     except ServerNotInstalled as exc:

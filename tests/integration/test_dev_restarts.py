@@ -23,9 +23,9 @@ import pytest
 
 from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port, free_port_block
 from app.supervisor.broker_identity import CLUSTER_ID_FILE
 from app.supervisor.ports import port_holders
+from testing.ports import free_port_block
 from tests.integration.test_dev_stack import (
     ROOT,
     _application,
@@ -55,7 +55,7 @@ class DevStack:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.web_port = free_port_block(g.port_offset for g in GROUPS)
-        self.broker_port = free_port()
+        self.broker_port = free_port_block((0, 1))  # the broker and its KRaft controller
         self.ports = {g.name: self.web_port + g.port_offset for g in GROUPS}
         self.code_url = f"http://127.0.0.1:{self.ports['code']}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}

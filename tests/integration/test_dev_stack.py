@@ -30,7 +30,7 @@ import pytest
 
 from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port, free_port_block
+from testing.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,6 +97,13 @@ def _listening(pids: set[int]) -> set[tuple[str, int]]:
             ip_bytes = b"".join(packed[i : i + 4][::-1] for i in range(0, width, 4))
             found.add((str(ipaddress.ip_address(ip_bytes)), int(raw_port, 16)))
     return found
+
+
+def _port_plan(log: str) -> dict[int, str]:
+    """The port plan the stack's banner names: port -> what listens there."""
+    section = log.split(" Ports (the stack's port plan", 1)[1].split("=====", 1)[0]
+    found = re.findall(r"^\s+[\d.]+:(\d+)\s+(.+?)\s*$", section, re.M)
+    return {int(port): purpose for port, purpose in found}
 
 
 def _loopback(ip: str) -> bool:
@@ -169,7 +176,7 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     assert commands[0].split("#")[0].split() == ["avcc", "dev"], commands
     cwd = tmp_path_factory.mktemp("dev-stack")
     base = free_port_block(g.port_offset for g in GROUPS)
-    broker_port = free_port()
+    broker_port = free_port_block((0, 1))  # the broker and its KRaft controller
     env = {k: v for k, v in os.environ.items() if not k.startswith("AVCC_")}
     env.update(
         {
@@ -209,7 +216,13 @@ def test_avcc_dev_runs_every_group(dev_stack: DevStack) -> None:
     stack = _descendants(dev.pid) | {dev.pid}
     sockets = _listening(stack)
     ports = {port for _, port in sockets}
-    assert {base + g.port_offset for g in GROUPS} | {broker_port} <= ports, sockets
+    plan = _port_plan(log.read_text())
+    assert plan == {
+        broker_port: "the embedded Kafka broker",
+        broker_port + 1: "the embedded Kafka broker's KRaft controller",
+        **{base + g.port_offset: f"the web server of group {g.name}" for g in GROUPS},
+    }, plan
+    assert ports == set(plan), f"listeners outside the port plan: {sorted(ports - set(plan))}"
     exposed = {(ip, port) for ip, port in sockets if not _loopback(ip)}
     assert not exposed, f"the dev stack listens beyond loopback: {sorted(exposed)}"
     for group in GROUPS:  # faust's own table/router views answer without any login: gone

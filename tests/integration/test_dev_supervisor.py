@@ -22,7 +22,7 @@ import pytest
 
 from app.platform.groups import GROUPS, group_spec
 from app.platform.http.auth import sign_request
-from app.servers.process import free_port, free_port_block
+from testing.ports import free_port_block
 from tests.integration.test_dev_stack import (
     ROOT,
     _application,
@@ -73,10 +73,31 @@ def _no_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def test_avcc_dev_refuses_a_plan_with_the_controller_on_a_web_port_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """The broker just below AVCC_WEB_PORT would put its KRaft controller (the broker's port + 1)
+    on the ops group's web port: refused at once, naming both listeners, nothing started."""
+    base = free_port_block([-1, *(g.port_offset for g in GROUPS)])
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "dev"],
+        cwd=ROOT,
+        env=_dev_env(tmp_path, base - 1, base),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert f"port {base} is planned for both the embedded Kafka broker's KRaft controller" in output, output
+    assert "the web server of group ops" in output, output
+    assert not (tmp_path / "var" / "kafka").exists(), "nothing starts before the plan is checked"
+
+
 @pytest.mark.parametrize("taken", ["broker", "code web"])
 def test_avcc_dev_with_a_taken_port_exits_within_seconds_naming_the_port(tmp_path: Path, taken: str) -> None:
     base = free_port_block(g.port_offset for g in GROUPS)
-    broker_port = free_port()
+    broker_port = free_port_block((0, 1))  # the broker and its KRaft controller
     port = broker_port if taken == "broker" else base + group_spec("code").port_offset
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
@@ -164,7 +185,7 @@ def test_aborted_and_crash_looping_workers_come_back_with_growing_delays_and_not
     dev = subprocess.Popen(
         [sys.executable, "-m", "app", "dev", "--groups", ",".join(SUPERVISED)],
         cwd=ROOT,
-        env=_dev_env(tmp_path, free_port(), base),
+        env=_dev_env(tmp_path, free_port_block((0, 1)), base),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

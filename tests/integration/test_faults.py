@@ -67,9 +67,10 @@ from pathlib import Path
 import orjson
 
 from app.ops.retry.forwarder import RetryForwarder
+from app.platform.faust.own_consumer import OwnConsumerService
 from app.platform.errors import DependencyTimeout
 from app.platform.faust.app import create_app
-from app.servers.process import free_port
+from testing.ports import free_port
 from app.platform.faust.runtime import Effects, GroupRuntime
 from app.platform.settings import get_settings
 from app.platform.topics import APPLY_CREATED
@@ -138,7 +139,9 @@ async def consume(stream):
     await runtime.consume(stream, handler, contract_topics={TOPIC: APPLY_CREATED.name}, parking=parking)
 
 
-app.service(RetryForwarder(settings, group_id=f"{APP_ID}-retry", target_groups={GROUP}))
+app.service(
+    OwnConsumerService(lambda: RetryForwarder(settings, group_id=f"{APP_ID}-retry", target_groups={GROUP}))
+)
 
 if os.environ.get("FAULTS_CONSOLE") == "1":
     from app.ops.dlq.console import install_console

@@ -19,7 +19,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from app.platform.http.auth import HEADER_SIGNATURE, NonceCache, sign_request
 from app.platform.settings import Settings
 from app.playback.gateway.endpoint import ROUTE, PlaybackIngest
-from app.playback.gateway.ingest import EVENT_ID_NAMESPACE, GatewaySettings
+from app.playback.gateway.ingest import EVENT_ID_NAMESPACE
+from app.playback.gateway.settings import GatewaySettings
 from schemas.envelope import Envelope
 from schemas.playback import PlaybackEvent
 from tests.integration.reads import read_range, read_to_sentinel

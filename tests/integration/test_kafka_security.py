@@ -1,6 +1,6 @@
 """Every group on a broker that requires SASL_SSL and authorizes by ACL, each as its own principal.
 
-The broker (:class:`~app.servers.kafka_secure.KafkaSecureBroker`) has a CA of its own, SCRAM-SHA-512
+The broker (:class:`~testing.kafka_secure.KafkaSecureBroker`) has a CA of its own, SCRAM-SHA-512
 users and ``allow.everyone.if.no.acl.found=false``. The topics and the ACLs are created the way an
 operator would, with ``avcc topics apply`` and ``avcc kafka acls apply`` as its administrator.
 """
@@ -34,8 +34,8 @@ from app.platform.groups import GROUPS
 from app.platform.http.auth import sign_request
 from app.platform.kafka.access import EXIT_KAFKA_LOGIN_REFUSED, EXIT_NOT_AUTHORIZED
 from app.platform.kafka.acls import acl_plan
-from app.servers.kafka_secure import ADMIN_USER, KafkaSecureBroker
-from app.servers.tls import CertificateAuthority
+from testing.kafka_secure import ADMIN_USER, KafkaSecureBroker
+from testing.tls import CertificateAuthority
 from tests.integration.stack import (
     API_KEY,
     API_SECRET,

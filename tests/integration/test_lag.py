@@ -19,13 +19,14 @@ from confluent_kafka import Consumer, Message, Producer
 
 from app.ops.alerts import Alert
 from app.ops.lag.monitor import LagMonitor, LagReport
-from app.ops.lag.reader import OffsetReader
 from app.ops.lag.settings import LagRule, LagSettings
 from app.platform.kafka.admin import apply_plan
+from app.platform.lag.reader import OffsetReader
 from app.platform.metrics import REGISTRY
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
-from app.servers import KafkaKRaftBroker, ManagedProcess, free_port
+from app.servers import KafkaKRaftBroker, ManagedProcess
+from testing.ports import free_port
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -228,7 +229,7 @@ def test_reader_ignores_groups_outside_the_prefix(broker: KafkaKRaftBroker, uniq
         consumer.close()
     settings = Settings(kafka_url=f"kafka://{broker.bootstrap}")
     config = LagSettings(rules=(), group_prefix=group)
-    reader = OffsetReader(settings, config)
+    reader = OffsetReader(settings, watched=config.watched())
     try:
         snapshot = reader.snapshot()
     finally:

@@ -19,7 +19,8 @@ from app.lifecycle.chain.ledger import verify_ledger
 from app.lifecycle.chain.node import TRANSACTIONS_PATH
 from app.lifecycle.chain.remote import RemoteLedger
 from app.platform.errors import ConfigurationError, DependencyUnavailable, SchemaViolation
-from app.servers import LedgerNode, free_port
+from testing.ledger_node import LedgerNode
+from testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ import pytest
 
 from app.api import APPLY
 from app.lifecycle.chain.ledger import verify_ledger
-from app.ops.lag.reader import OffsetReader
 from app.platform.faust.app import consumer_group_id
 from app.platform.internal_topics import changelog_specs
 from app.platform.kafka.admin import apply_plan
+from app.platform.lag.reader import OffsetReader
 from app.platform.settings import Settings
 from app.platform.topics import (
     APPLY_CREATED,
@@ -37,7 +37,8 @@ from app.platform.topics import (
     REVIEW_TASK_FINISHED,
     TOPIC_PLAN,
 )
-from app.servers import KafkaCluster, LedgerNode
+from testing.kafka_cluster import KafkaCluster
+from testing.ledger_node import LedgerNode
 from tests.integration.stack import CORE_GROUPS, Stack, application, issued_exactly_once, record_when
 from tests.integration.test_lifecycle import _read_all
 from tests.unit.lifecycle.applications import SETTLEMENT_INSTRUCTION

@@ -18,7 +18,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from app.servers import ClickHouseServer, KafkaKRaftBroker
+from app.servers import KafkaKRaftBroker
+from testing.clickhouse import ClickHouseServer
 from tests.integration.stack import create_topic
 
 pytestmark = pytest.mark.integration

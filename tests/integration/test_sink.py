@@ -23,16 +23,19 @@ from clickhouse_driver.errors import ServerException
 from confluent_kafka import Consumer, Producer
 
 from app.platform.errors import RetriableError
+from app.platform.faust.app import consumer_group_id
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.playback.sink.batch import GROUP, SinkTopics
 from app.playback.sink.clickhouse import ClickHouseBackend, connect
-from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.runner import SinkRunner
+from app.playback.sink.settings import SinkSettings
 from app.playback.sink.store import PLAYBACK_TABLE, count_distinct_events, list_anomalies, playback_stats
-from app.servers import ClickHouseServer, free_port
 from schemas import AnomalyDetected, FailureMetadata, encode_event, make_envelope
 from schemas.types import MAX_EPOCH_MS
+from testing.clickhouse import ClickHouseServer
+from testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -150,18 +153,13 @@ class Scenario:
             "AVCC_CLICKHOUSE_URL": self.clickhouse_url,
             "AVCC_DATA_DIR": str(self.settings.data_dir),
             "AVCC_DEV_MODE": "1",
-            "AVCC_SINK_GROUP_ID": self.group_id,
-            "AVCC_SINK_PLAYBACK_TOPIC": self.topics.playback,
-            "AVCC_SINK_ANOMALY_TOPIC": self.topics.anomaly,
-            "AVCC_SINK_DLQ_TOPIC": self.topics.dlq,
             "AVCC_SINK_BATCH_MAX_ROWS": "2000",
             "AVCC_SINK_BATCH_MAX_SECONDS": "0.5",
             "AVCC_SINK_BACKOFF_MAX_S": "2",
         }
 
 
-@pytest.fixture
-def scenario(broker: Any, clickhouse_server: ClickHouseServer, unique: str, tmp_path: Path) -> Scenario:
+def _scenario(broker: Any, clickhouse_server: ClickHouseServer, unique: str, tmp_path: Path) -> Scenario:
     settings = Settings(
         kafka_url=f"kafka://{broker.bootstrap}",
         kafka_session_timeout_ms=6000,
@@ -177,6 +175,22 @@ def scenario(broker: Any, clickhouse_server: ClickHouseServer, unique: str, tmp_
     topics = SinkTopics(*(spec.name for spec in specs))
     url = clickhouse_server.url.rsplit("/", 1)[0] + f"/sink_{unique}"
     return Scenario(settings, topics, f"test-sink-{unique}", url, unique)
+
+
+@pytest.fixture
+def scenario(broker: Any, clickhouse_server: ClickHouseServer, unique: str, tmp_path: Path) -> Scenario:
+    """A sink run in this process on topics and a group of the test's own (the session broker)."""
+    return _scenario(broker, clickhouse_server, unique, tmp_path)
+
+
+@pytest.fixture
+def worker_scenario(
+    own_kafka: Any, clickhouse_server: ClickHouseServer, unique: str, tmp_path: Path
+) -> Scenario:
+    """A sink worker configured as in production (the plan's topics, the sink's consumer group)
+    on a broker of the test's own."""
+    plan = _scenario(own_kafka, clickhouse_server, unique, tmp_path)
+    return dataclasses.replace(plan, topics=SinkTopics(), group_id=consumer_group_id(GROUP))
 
 
 #: ClickHouse's error code for a table that does not exist (yet).
@@ -222,13 +236,13 @@ def runners() -> Iterator[list[SinkRunner]]:
     started: list[SinkRunner] = []
     yield started
     for runner in started:
-        runner.stop(15)
+        runner.close(15)
 
 
 def start_runner(scenario: Scenario, started: list[SinkRunner], **config: Any) -> SinkRunner:
     runner = SinkRunner(
         scenario.settings,
-        config=SinkConfig(**{"batch_max_seconds": 0.5, "backoff_max_s": 2.0, **config}),
+        config=SinkSettings(**{"batch_max_seconds": 0.5, "backoff_max_s": 2.0, **config}),
         topics=scenario.topics,
         group_id=scenario.group_id,
         clickhouse_url=scenario.clickhouse_url,
@@ -345,8 +359,9 @@ def start_worker(scenario: Scenario, log: Path, **env: str) -> subprocess.Popen[
 
 
 def test_sigkilled_worker_restarts_without_loss_or_double_counting(
-    scenario: Scenario, tmp_path: Path
+    worker_scenario: Scenario, tmp_path: Path
 ) -> None:
+    scenario = worker_scenario
     scenario.produce(scenario.playback(range(N)))
     backend = scenario.backend()
     log = tmp_path / "worker.log"

@@ -29,16 +29,17 @@ from app.platform.http.auth import sign_request
 from app.platform.kafka.producers import profile_config
 from app.playback.sink.clickhouse import connect
 from app.playback.sink.store import count_distinct_events, playback_stats
-from app.servers import ClickHouseServer
 from schemas.types import MAX_EPOCH_MS
+from testing.clickhouse import ClickHouseServer
 from tests.figures import Report
 from tests.integration.stack import API_KEY, API_SECRET, Stack
 from tests.integration.test_sink import Scenario, expected_stats, playback_value, stored_rows, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-#: The per-test topics, consumer group and ClickHouse database of ``test_sink``.
-scenario = sink_tests.scenario
+#: A sink worker as in production (the plan's topics, the sink's group) on a broker of the test's
+#: own, with a ClickHouse database of its own (``test_sink``'s).
+scenario = sink_tests.worker_scenario
 
 TOTAL = 1_000_000
 KILL_AFTER_ROWS = 300_000
@@ -131,7 +132,8 @@ def http_stats(stack: Stack) -> dict[str, Any]:
 def _cleanup(scenario: Scenario, clickhouse_server: ClickHouseServer) -> None:
     """Free the broker's and the server's disk.
 
-    Best effort: everything is uuid-named, a leftover harms no other test.
+    Best effort: the broker is the test's own and the database uuid-named, a leftover harms no
+    other test.
     """
     try:
         admin = AdminClient(scenario.settings.kafka_client_config())

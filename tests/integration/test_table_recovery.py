@@ -42,6 +42,7 @@ from bench.code_state import (
     read_changelog,
     synthetic_works,
 )
+from testing.ports import free_port_block
 from tests.figures import Report
 from tests.integration.reads import end_offsets
 from tests.integration.stack import Stack, application, issued_exactly_once, wait_for
@@ -332,7 +333,9 @@ def test_the_owner_of_a_partition_killed_mid_load_fails_over_to_the_warm_standby
 @pytest.fixture
 def lone_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKRaftBroker]:
     """A broker of this test alone, which it kills."""
-    broker = KafkaKRaftBroker(tmp_path_factory.mktemp("lone-kafka"), die_with_parent=True)
+    broker = KafkaKRaftBroker(
+        tmp_path_factory.mktemp("lone-kafka"), port=free_port_block((0, 1)), die_with_parent=True
+    )
     broker.start()
     try:
         yield broker

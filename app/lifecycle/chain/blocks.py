@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from schemas.chain import ChainTxConfirmed, ChainTxPending
+from schemas.chain import ChainTxConfirmed
 from schemas.types import ChainType
 
 __all__ = [
@@ -93,13 +93,6 @@ class PendingTx:
     chain_type: ChainType
     avcc_record_id: int
     body: Mapping[str, Any]
-
-    @classmethod
-    def from_message(cls, message: ChainTxPending) -> PendingTx:
-        """The transaction of a ``topic.chain.tx.pending`` payload."""
-        part = message.evidence if message.chain_type == "copyright_main" else message.settlement
-        body = part.model_dump(mode="json") if part is not None else {}
-        return cls(message.idempotency_key, message.chain_type, message.avcc_record_id, body)
 
     def document(self) -> dict[str, Any]:
         """The tx document that is hashed and stored."""

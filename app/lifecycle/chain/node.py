@@ -95,14 +95,14 @@ async def _submit(request: web.Request) -> web.Response:
         return json_error(400, str(exc), reason="schema")
     except DependencyUnavailable as exc:
         log.error("ledger write failed: %s", exc)
-        return json_error(503, "ledger write failed; retry", retry_after_s=1)
+        return json_error(503, "ledger write failed; retry", reason="unavailable", retry_after_s=1)
     return json_response(receipt.to_json())
 
 
 async def _receipt(request: web.Request) -> web.Response:
     receipt = request.app[_LEDGER].receipt(request.match_info["key"])
     if receipt is None:
-        return json_error(404, "no transaction with this idempotency key")
+        return json_error(404, "no transaction with this idempotency key", reason="not_found")
     return json_response(receipt.to_json())
 
 

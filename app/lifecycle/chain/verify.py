@@ -27,6 +27,7 @@ from app.lifecycle.chain.blocks import (
     receipt_leaf,
     sha256_hex,
 )
+from app.platform.errors import AvccError
 from app.platform.settings import get_settings
 
 __all__ = ["VerifyResult", "verify_ledger", "verify_ledger_cli"]
@@ -48,8 +49,8 @@ class VerifyResult:
         return f"ledger CORRUPT after {self.blocks} blocks, {self.transactions} transactions: {self.error}"
 
 
-class _Corrupt(Exception):
-    pass
+class _Corrupt(AvccError):
+    """The ledger's blocks or transactions do not add up (ends the verification with its error)."""
 
 
 def _prefixed(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -1,6 +1,6 @@
 """Bulk applications (``POST /v1/avcc/applications:batch``): many works in one signed request.
 
-A batch is a JSON array or NDJSON (the gateway's reader, :func:`parse_items`), at most
+A batch is a JSON array or NDJSON (read by :func:`app.platform.http.batch_body.parse_items`), at most
 ``AVCC_BULK_MAX_ITEMS`` items. Each item gets exactly the answer the single route would give
 it: 202 with its record (a repeated ``request_id`` gets the same record again), 409 with the
 record that already holds its ``content_hash``, or 400 naming the fields. The valid items are
@@ -28,19 +28,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from app.lifecycle.code.claims import CLAIM_SLOTS, application_answer
+from app.lifecycle.code.claims import application_answer
+from app.platform.http.batch_body import BatchError, parse_items
 from app.platform.http.responses import BadRequest, validate_object
-from app.playback.gateway.ingest import BatchError, parse_items
 from schemas.application import ApplicationRequest
 
 __all__ = [
     "THROTTLED",
     "AskMany",
     "BatchOutcome",
-    "BulkSettings",
     "PendingClaims",
     "claim_batch",
     "read_batch",
@@ -54,35 +50,6 @@ THROTTLED: Final = "claim not answered in time; retry with the same request_id"
 #: Asks the claims agent about applications of one claims partition, in one message; its
 #: replies in the same order (see ``ClaimAnswer.as_reply``).
 AskMany = Callable[[int, list[ApplicationRequest]], Awaitable[list[dict[str, Any]]]]
-
-
-class BulkSettings(BaseSettings):
-    """Limits of the bulk route of the code group. Each field maps to ``AVCC_BULK_<FIELD>``."""
-
-    model_config = SettingsConfigDict(env_prefix="AVCC_BULK_", frozen=True, extra="ignore")
-
-    max_items: int = Field(
-        default=1_000, ge=1, le=CLAIM_SLOTS, description="Most applications per batch (more: 413)."
-    )
-    max_body_bytes: int = Field(
-        default=2 * 1024 * 1024, ge=1024, description="Largest batch body in bytes (more: 413)."
-    )
-    max_in_flight: int = Field(
-        default=4_000,
-        ge=1,
-        description="Applications a code worker holds in claims at once; a batch that does not fit "
-        "is answered 429 with Retry-After.",
-    )
-    ask_timeout_s: float = Field(
-        default=60.0, gt=0, description="Longest a claim is waited for at all; then its slot is freed."
-    )
-    claim_wait_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="Longest a batch waits for its claims; items not answered by then are "
-        "answered 429 (throttled) instead of timing out.",
-    )
-    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 batch answer.")
 
 
 class PendingClaims:
@@ -191,8 +158,9 @@ class PendingClaims:
             del self._answers[key]
 
 
-def _item_error(index: int, message: str, fields: Sequence[str]) -> dict[str, Any]:
-    return {"index": index, "http_status": 400, "error": message, "fields": list(fields)}
+def _item_error(index: int, message: str, fields: Sequence[str], reason: str) -> dict[str, Any]:
+    """The answer of an item the single route would refuse with 400 (its body, and its index)."""
+    return {"index": index, "http_status": 400, "error": message, "reason": reason, "fields": list(fields)}
 
 
 def read_batch(
@@ -212,12 +180,13 @@ def read_batch(
     refused: dict[int, dict[str, Any]] = {}
     for index, item in enumerate(items):
         if index in line_errors:
-            refused[index] = _item_error(index, line_errors[index].replace("<root>:", "body:", 1), ("body",))
+            message = line_errors[index].replace("<root>:", "body:", 1)
+            refused[index] = _item_error(index, message, ("body",), "malformed_json")
             continue
         try:
             valid.append((index, validate_object(ApplicationRequest, item)))
         except BadRequest as exc:
-            refused[index] = _item_error(index, str(exc), exc.fields)
+            refused[index] = _item_error(index, str(exc), exc.fields, exc.reason)
     return valid, refused
 
 

@@ -154,5 +154,6 @@ def application_answer(request_id: str, reply: dict[str, Any]) -> tuple[int, dic
     }
     if status == 409:
         answer["error"] = reply["note"]
+        answer["reason"] = "content_hash_taken"
         answer["existing_request_id"] = reply["request_id"]
     return status, answer

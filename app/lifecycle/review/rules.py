@@ -22,25 +22,21 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
 import orjson
 from pydantic import ValidationError
 
-from app.platform.errors import ConfigurationError, SchemaViolation
+from app.lifecycle.review.settings import ReviewSettings, get_review_settings
+from app.platform.errors import SchemaViolation
 from schemas.apply import ApplyCreated
 from schemas.review import ReviewTaskFinished
 from schemas.types import Decision, FinalLevel
 
 __all__ = [
-    "DEFAULT_BLACKLIST",
-    "DEFAULT_REGISTRY",
-    "DEFAULT_WEIGHTS",
     "RULE_VERSION",
-    "ReviewConfig",
     "ReviewOutcome",
     "canonical_json",
     "report_hash",
@@ -49,77 +45,11 @@ __all__ = [
 
 RULE_VERSION: Final = "avcc-review-rules/1"
 
-#: Known generative models and how much their output is trusted (0..1).
-DEFAULT_REGISTRY: Final[Mapping[str, float]] = MappingProxyType(
-    {
-        "stable-diffusion-xl": 0.9,
-        "stable-diffusion-3": 0.9,
-        "midjourney": 0.85,
-        "dall-e-3": 0.85,
-        "sora": 0.85,
-        "runway-gen3": 0.85,
-        "kling": 0.85,
-        "suno": 0.8,
-        "udio": 0.8,
-        "musicgen": 0.8,
-    }
-)
-#: Case-insensitive ``fnmatch`` patterns of refused model names.
-DEFAULT_BLACKLIST: Final = ("deepfake-*", "*faceswap*", "*voice-clone*")
-#: Factor weights (sum 100).
-DEFAULT_WEIGHTS: Final[Mapping[str, float]] = MappingProxyType(
-    {
-        "model_trust": 35.0,
-        "model_version": 15.0,
-        "content_hash": 20.0,
-        "storage_scheme": 15.0,
-        "priority": 10.0,
-        "title": 5.0,
-    }
-)
 _SCHEME_TRUST: Final[Mapping[str, float]] = MappingProxyType(
     {"s3": 1.0, "oss": 1.0, "https": 0.8, "ipfs": 0.5, "http": 0.3}
 )
 _SEMVER: Final = re.compile(r"v?[0-9]+(?:\.[0-9]+){0,2}(?:[-+][0-9A-Za-z.-]+)?")
 _MIN_HASH_ENTROPY: Final = 3.0  # bits per hex digit; random 64-digit hex is about 3.8
-
-
-@dataclass(frozen=True)
-class ReviewConfig:
-    """Model registry, blacklist, factor weights and decision thresholds."""
-
-    registry: Mapping[str, float] = field(default_factory=lambda: DEFAULT_REGISTRY)
-    blacklist: tuple[str, ...] = DEFAULT_BLACKLIST
-    weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_WEIGHTS)
-    unknown_model_trust: float = 0.4
-    approve_threshold: float = 80.0
-    human_threshold: float = 60.0
-    fast_path_min_trust: float = 0.8
-
-    def __post_init__(self) -> None:
-        if set(self.weights) != set(DEFAULT_WEIGHTS):
-            raise ConfigurationError(f"review weights must name exactly {sorted(DEFAULT_WEIGHTS)}")
-        if any(w < 0 for w in self.weights.values()) or not math.isclose(sum(self.weights.values()), 100.0):
-            raise ConfigurationError("review weights must be >= 0 and sum to 100")
-        if not 0.0 <= self.human_threshold <= self.approve_threshold <= 100.0:
-            raise ConfigurationError("need 0 <= human_threshold <= approve_threshold <= 100")
-        trusts = [*self.registry.values(), self.unknown_model_trust, self.fast_path_min_trust]
-        if any(not 0.0 <= t <= 1.0 for t in trusts):
-            raise ConfigurationError("trust weights must be in [0, 1]")
-
-    def is_blacklisted(self, model_name: str) -> bool:
-        """True if the (lower-cased) model name matches a blacklist pattern."""
-        name = model_name.strip().lower()
-        return any(fnmatchcase(name, pattern.lower()) for pattern in self.blacklist)
-
-    def as_report(self) -> dict[str, Any]:
-        """The thresholds, as written into every report."""
-        return {
-            "approve": self.approve_threshold,
-            "human": self.human_threshold,
-            "fast_path_min_trust": self.fast_path_min_trust,
-            "unknown_model_trust": self.unknown_model_trust,
-        }
 
 
 @dataclass(frozen=True)
@@ -175,10 +105,10 @@ def _coerce(payload: ApplyCreated | Mapping[str, Any]) -> ApplyCreated:
 
 
 def review_application(
-    payload: ApplyCreated | Mapping[str, Any], config: ReviewConfig | None = None
+    payload: ApplyCreated | Mapping[str, Any], config: ReviewSettings | None = None
 ) -> ReviewOutcome:
     """Review an application (an :class:`ApplyCreated` or its JSON dict; ``SchemaViolation`` if invalid)."""
-    cfg = config or ReviewConfig()
+    cfg = config or get_review_settings()
     app = _coerce(payload)
     model = app.ai_tool_info.model_name.strip().lower()
     version = app.ai_tool_info.model_version.strip()

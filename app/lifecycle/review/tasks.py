@@ -14,7 +14,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.lifecycle.review.rules import ReviewConfig, review_application
+from app.lifecycle.review.rules import review_application
+from app.lifecycle.review.settings import ReviewSettings
 from app.platform.errors import BusinessRuleViolation
 from app.platform.faust.dedup import SeenEvents
 from app.platform.faust.effects import Outgoing
@@ -94,7 +95,7 @@ def _finished(task: ReviewTask, decision: str, level: str, cause: str) -> Outgoi
 
 
 def review_created(
-    task: ReviewTask | None, envelope: Envelope[ApplyCreated], now: int, config: ReviewConfig
+    task: ReviewTask | None, envelope: Envelope[ApplyCreated], now: int, config: ReviewSettings
 ) -> tuple[ReviewTask, list[Outgoing]]:
     """Run the AI review of a new application; an existing task only remembers the event."""
     p = envelope.payload

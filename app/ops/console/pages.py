@@ -22,7 +22,7 @@ from app.ops.dlq.entries import STATUSES as DLQ_STATUSES
 from app.ops.dlq.pages import ROUTE_LIST as ROUTE_DLQ
 from app.ops.dlq.pages import page
 from app.ops.lag.monitor import LagReport
-from app.ops.slo.settings import SloSettings
+from app.ops.slo.settings import SloSettings, get_slo_settings
 
 __all__ = ["RECORD_STATUSES", "ROUTE_HOME", "Overview", "overview_html"]
 
@@ -49,7 +49,7 @@ class Overview:
     missing_partitions: Sequence[int] = ()
     #: The code group's last hour (``GET /v1/avcc/time-to-code``), judged by ``objectives``.
     time_to_code: Mapping[str, Any] | None = None
-    objectives: SloSettings = field(default_factory=SloSettings)
+    objectives: SloSettings = field(default_factory=get_slo_settings)
     #: The readiness of every worker of the groups with local state (a recovering one says how far).
     workers: Sequence[WorkerReadiness] = ()
     now_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)

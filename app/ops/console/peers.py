@@ -1,27 +1,43 @@
 """Signed calls from the console to the review, code and sink workers' ``/v1/`` routes.
 
-The console is a partner of the other groups, not a reader of their tables: it signs with the
-key of :meth:`ConsoleSettings.signing_key`, so every check those routes make (signature, scope,
-nonce) applies to it too.
+The console is a partner of the other groups, not a peer and not a reader of their tables: it
+signs with the key of :meth:`ConsoleSettings.signing_key`, so every check those routes make
+(signature, scope, nonce) applies to it too, and a decision records that key. Its calls go
+through the one client of calls between workers (:class:`~app.platform.http.peers.PeerCalls`),
+carrying the partner signature instead of a peer one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from app.ops.console.settings import ConsoleSettings
+from app.platform.http.peers import PeerCalls, PeerError
 from app.platform.http.signing import sign_request
 from app.platform.settings import Settings
 
-__all__ = ["PeerError", "Peers"]
+__all__ = ["PartnerRoutes", "PeerError", "Peers"]
 
 
-class PeerError(RuntimeError):
-    """A worker could not be reached, or refused the console's request."""
+@dataclass(frozen=True, slots=True)
+class PartnerRoutes:
+    """The paths of the other groups' ``/v1/`` routes the console calls. Their declarations stand
+    above the domains (:mod:`app.api`): the ops group's wiring hands them over."""
+
+    #: ``GET`` the review tasks (the workbench's page).
+    tasks: str
+    #: ``POST`` a reviewer's decision, with ``{avcc_record_id}``.
+    decide: str
+    #: ``GET`` the records by status of every code replica.
+    record_counts: str
+    #: ``GET`` the time to code of every code replica.
+    time_to_code: str
+    #: ``GET`` the playback anomalies.
+    anomalies: str
 
 
 class Peers:
@@ -30,6 +46,7 @@ class Peers:
     def __init__(self, settings: Settings, config: ConsoleSettings) -> None:
         self.settings = settings
         self.config = config
+        self.calls = PeerCalls(settings, config.peer_timeout_s)
 
     @property
     def key_id(self) -> str | None:
@@ -50,21 +67,14 @@ class Peers:
         if body is not None:
             headers["Content-Type"] = "application/json"
         base = (base or self.config.peer_url(self.settings, group)).rstrip("/")
-        url = base + path_qs
-        timeout = aiohttp.ClientTimeout(total=self.config.peer_timeout_s)
         try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.request(method, url, data=data, headers=headers) as response,
-            ):
-                raw = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise PeerError(f"{group} worker at {base} unreachable ({type(exc).__name__})") from exc
+            reply = await self.calls.request(base, method, path_qs, data, headers=headers, peer=False)
+        except PeerError as exc:
+            raise PeerError(f"{group} worker at {base} unreachable ({exc})") from exc
         try:
-            return status, orjson.loads(raw) if raw else None
+            return reply.status, orjson.loads(reply.body) if reply.body else None
         except orjson.JSONDecodeError as exc:
-            raise PeerError(f"{group} worker answered {status} with non-JSON") from exc
+            raise PeerError(f"{group} worker answered {reply.status} with non-JSON") from exc
 
     async def get_ok(self, group: str, path_qs: str, *, base: str | None = None) -> Any:
         """The JSON body of a ``GET`` that must answer 200."""

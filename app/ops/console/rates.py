@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from app.ops.lag.snapshot import LagSnapshot
+from app.platform.lag.snapshot import LagSnapshot
 
 __all__ = ["OffsetHistory", "Series", "rate_series"]
 

@@ -13,9 +13,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.platform.groups import group_spec
-from app.platform.settings import DEV_HMAC_KEYS, Settings
+from app.platform.settings import DEV_HMAC_KEYS, Settings, SettingsGetter, cached_settings
 
-__all__ = ["ConsoleSettings"]
+__all__ = ["ConsoleSettings", "get_console_settings"]
 
 
 def _local_host(settings: Settings) -> str:
@@ -26,7 +26,7 @@ def _local_host(settings: Settings) -> str:
 class ConsoleSettings(BaseSettings):
     """Where the console's peers are and which key it signs with."""
 
-    model_config = SettingsConfigDict(env_prefix="AVCC_CONSOLE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="AVCC_CONSOLE_", frozen=True, extra="ignore")
 
     key_id: str = Field(
         "",
@@ -69,3 +69,7 @@ class ConsoleSettings(BaseSettings):
         if key_id and key_id in keys:
             return key_id, keys[key_id]
         return None
+
+
+#: The process's console settings.
+get_console_settings: SettingsGetter[ConsoleSettings] = cached_settings(ConsoleSettings)

@@ -17,24 +17,22 @@ from typing import Any
 import faust
 from aiohttp import web
 
-from app.api import ANOMALIES, DECIDE, RECORD_COUNTS, TIME_TO_CODE
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import ROUTE_HOME, Overview, overview_html
-from app.ops.console.peers import PeerError, Peers
+from app.ops.console.peers import PartnerRoutes, PeerError, Peers
 from app.ops.console.rates import OffsetHistory
-from app.ops.console.settings import ConsoleSettings
+from app.ops.console.settings import ConsoleSettings, get_console_settings
 from app.ops.console.workbench import ROUTE_DECIDE, ROUTE_REVIEW, WorkbenchQuery, workbench_html
 from app.ops.console.workers import group_workers
 from app.ops.dlq.console import DlqConsole, Handler, faust_view
 from app.ops.dlq.entries import DlqError
 from app.ops.lag.monitor import LagMonitor
-from app.ops.slo.settings import SloSettings
+from app.ops.slo.settings import get_slo_settings
 
 __all__ = ["ConsoleHome", "install_home"]
 
 log = logging.getLogger(__name__)
 
-_ANOMALIES = f"{ANOMALIES.path}?limit=10"
 _PAST = {"approve": "approved", "reject": "rejected"}
 
 
@@ -45,16 +43,18 @@ class ConsoleHome:
         self,
         dlq: DlqConsole,
         monitor: Callable[[], LagMonitor | None],
+        routes: PartnerRoutes,
         config: ConsoleSettings | None = None,
         *,
         tokens: FormTokens | None = None,
     ) -> None:
         self.dlq = dlq
-        self.config = config if config is not None else ConsoleSettings()
+        self.partner = routes
+        self.config = config if config is not None else get_console_settings()
         self.monitor = monitor
         self.peers = Peers(dlq.settings, self.config)
         self.tokens = tokens if tokens is not None else FormTokens(ttl_s=self.config.form_token_ttl_s)
-        self.objectives = SloSettings()
+        self.objectives = get_slo_settings()
         #: The code replicas the last record counts named: asked when the configured one is away.
         self.code_replicas: list[str] = []
 
@@ -82,9 +82,9 @@ class ConsoleHome:
         """``GET /``."""
         errors: dict[str, str] = {}
         counts, times, anomalies, workers = await asyncio.gather(
-            self._from_code(RECORD_COUNTS.path, "code", errors),
-            self._from_code(TIME_TO_CODE.path, "time to code", errors),
-            self._peer("sink", _ANOMALIES, errors),
+            self._from_code(self.partner.record_counts, "code", errors),
+            self._from_code(self.partner.time_to_code, "time to code", errors),
+            self._peer("sink", f"{self.partner.anomalies}?limit=10", errors),
             group_workers(self.peers.settings, self.config),
         )
         try:
@@ -116,7 +116,7 @@ class ConsoleHome:
         self, user: str, query: WorkbenchQuery, *, flash: str = "", error: str = "", status: int = 200
     ) -> web.Response:
         errors: dict[str, str] = {}
-        path = query.tasks_path(time.time_ns() // 1_000_000)
+        path = query.tasks_path(self.partner.tasks, time.time_ns() // 1_000_000)
         listing = await self._peer("review", path, errors)
         error = "; ".join(filter(None, [error, errors.get("review", "")]))
         text = workbench_html(listing, self.tokens.issue(user), user, query, flash=flash, error=error)
@@ -140,7 +140,7 @@ class ConsoleHome:
         }
         try:
             status, answer = await self.peers.call(
-                "review", "POST", DECIDE.path.format(avcc_record_id=record_id), body
+                "review", "POST", self.partner.decide.format(avcc_record_id=record_id), body
             )
         except PeerError as exc:
             return await self._workbench(user, query, error=str(exc), status=502)
@@ -161,9 +161,12 @@ class ConsoleHome:
         ]
 
 
-def install_home(app: faust.App, dlq: DlqConsole, monitor: Callable[[], LagMonitor | None]) -> ConsoleHome:
-    """Add the overview and workbench views to the ops group's App (once, at import time)."""
-    home = ConsoleHome(dlq, monitor)
+def install_home(
+    app: faust.App, dlq: DlqConsole, monitor: Callable[[], LagMonitor | None], routes: PartnerRoutes
+) -> ConsoleHome:
+    """Add the overview and workbench views to the ops group's App (once, at import time); they
+    call the other groups at ``routes``."""
+    home = ConsoleHome(dlq, monitor, routes)
     for name, path, handlers in home.routes():
         app.page(path, name=name)(faust_view(name, handlers))
     return home

@@ -19,7 +19,6 @@ from urllib.parse import parse_qsl, urlencode
 
 import orjson
 
-from app.api import TASKS
 from app.ops.dlq.pages import page
 from schemas.types import FinalLevel
 
@@ -89,7 +88,7 @@ class WorkbenchQuery:
         """Filters and position, to come back to this very page after a decision."""
         return urlencode({**self.filters(), **({"after": self.after} if self.after else {})})
 
-    def tasks_path(self, now_ms: int) -> str:
+    def tasks_path(self, route: str, now_ms: int) -> str:
         """The review workers' listing of this page (``GET /v1/review/tasks``)."""
         params: dict[str, str | int] = {"status": "need_human", "limit": PAGE_SIZE}
         if self.applicant:
@@ -102,7 +101,7 @@ class WorkbenchQuery:
             params["after"] = self.after
         # ":" unescaped, as the worker reads it back: the request is signed over its path and query
         # as aiohttp presents them, which decodes an escaped ":" (the cursor has one)
-        return f"{TASKS.path}?{urlencode(params, safe=':')}"
+        return f"{route}?{urlencode(params, safe=':')}"
 
 
 def utc_text(ms: int) -> tuple[str, str]:

@@ -26,6 +26,7 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from app.ops.dlq.console import console_base_url
+from app.platform.errors import AvccError
 from app.platform.settings import get_settings
 
 __all__ = [
@@ -44,7 +45,7 @@ BULK_TIMEOUT_S = 900.0
 OPERATOR_ENV = "AVCC_OPERATOR"
 
 
-class ConsoleError(Exception):
+class ConsoleError(AvccError):
     """The console answered with an error (``status`` 0: not reachable)."""
 
     def __init__(self, status: int, message: str) -> None:

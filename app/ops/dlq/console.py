@@ -55,6 +55,7 @@ from app.ops.dlq.store import DlqStore
 from app.platform.groups import group_spec
 from app.platform.http.headers import security_headers
 from app.platform.http.operators import OperatorGuard
+from app.platform.http.responses import json_error
 from app.platform.settings import Settings, get_settings
 
 __all__ = [
@@ -165,22 +166,23 @@ class DlqConsole:
         if isinstance(user, web.Response):
             return user
         if request.method == "POST" and _cross_site(request):
-            return self._error(request, 403, "cross-site request refused")
+            return self._error(request, 403, "cross-site request refused", "cross_site")
         try:
             return await handler(request, user)
         except DlqNotFound as exc:
-            return self._error(request, 404, str(exc))
+            return self._error(request, 404, str(exc), "not_found")
         except ValueError as exc:
-            return self._error(request, 400, str(exc))
+            return self._error(request, 400, str(exc), "bad_request")
         except StateNotCaughtUp as exc:
-            return self._error(request, 503, str(exc))
+            return self._error(request, 503, str(exc), "not_caught_up")
         except DlqError as exc:
-            status = 503 if "not open yet" in str(exc) else 409
-            return self._error(request, status, str(exc))
+            if "not open yet" in str(exc):
+                return self._error(request, 503, str(exc), "unavailable")
+            return self._error(request, 409, str(exc), "refused")
 
-    def _error(self, request: web.Request, status: int, message: str) -> web.Response:
+    def _error(self, request: web.Request, status: int, message: str, reason: str) -> web.Response:
         if _wants_json(request) or request.path.endswith(".json"):
-            return _json({"error": message}, status)
+            return json_error(status, message, reason=reason)
         body = f'<p class="flash error">{_e(message)}</p><p><a href="{ROUTE_LIST}">Back to the list</a></p>'
         return web.Response(text=page(f"Error {status}", body), status=status, content_type="text/html")
 

@@ -15,30 +15,50 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from mode import Service
 
 from app.ops.alerts import AlertDispatcher, dead_letter_alert, dispatcher_from_settings
 from app.ops.dlq.entries import DlqError
 from app.ops.dlq.journal import KafkaJournal
 from app.ops.dlq.state import StateChange
 from app.ops.dlq.store import DlqStore
+from app.platform.faust.own_consumer import OwnConsumerService
 from app.platform.faust.runtime import now_ms
+from app.platform.kafka.admin import ensure_state_topic
 from app.platform.kafka.clients import consumer_config, verified_producer
 from app.platform.kafka.consumer_loop import ConsumerLoop
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import DLQ_INDEXED
 from app.platform.settings import Settings, get_settings
 from app.platform.topics import DLQ, DLQ_STATE
-from tables.ops import DLQ_CONSUMER_GROUP, dlq_store_path, ensure_state_topic
 
-__all__ = ["DlqPartitions", "DlqService", "install_dlq"]
+__all__ = [
+    "DLQ_CONSUMER_GROUP",
+    "DLQ_STORE_DIR",
+    "DlqPartitions",
+    "DlqService",
+    "dlq_store_path",
+    "install_dlq",
+]
 
 log = logging.getLogger(__name__)
+
+
+#: Directory of the DLQ store under the data dir.
+DLQ_STORE_DIR: Final = "dlq"
+#: Consumer group whose commits mirror the DLQ store's positions (for lag monitoring only).
+DLQ_CONSUMER_GROUP: Final = "avcc-ops-dlq"
+
+
+def dlq_store_path(settings: Settings) -> Path:
+    """Where the DLQ store lives: ``<data dir>/dlq`` (created on demand)."""
+    return settings.resolve_data_path(DLQ_STORE_DIR)
 
 
 Position = tuple[str, int]
@@ -66,7 +86,7 @@ class DlqPartitions(ConsumerLoop):
         self.assigned.update(partitions)
 
 
-class DlqService(Service):
+class DlqService:
     """The ops group's DLQ indexer: reads every DLQ and state partition into a :class:`DlqStore`,
     alerts on new arrivals, and owns the core producer used for re-injection and state changes.
 
@@ -85,9 +105,7 @@ class DlqService(Service):
         dispatcher: AlertDispatcher | None = None,
         console_url: str | None = None,
         alert_max_age_s: float = 3600.0,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
         self.settings = settings or get_settings()
         self.store_path = store_path
         self.topic = topic
@@ -107,6 +125,7 @@ class DlqService(Service):
         self._catch_up: dict[Position, int] | None = None
         self.caught_up = False
         self._pending: set[asyncio.Task[Any]] = set()
+        self._stopping = threading.Event()
         self.indexed = 0
 
     @property
@@ -121,7 +140,24 @@ class DlqService(Service):
         """True once the store is open and the producer exists."""
         return self._store is not None and self._store.sender is not None
 
-    async def on_start(self) -> None:
+    async def serve(self) -> None:
+        """Open the store, the producer and the consumer; index until :meth:`stop`; then close
+        them."""
+        await self._open()
+        try:
+            await self._consume()
+        finally:
+            await self._shut()
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to return after the current poll (from any thread)."""
+        self._stopping.set()
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """Every DLQ and state partition the indexer reads."""
+        return sorted(self.partitions.assigned)
+
+    async def _open(self) -> None:
         """Open the store, create the producer and the consumer."""
         path = self.store_path or dlq_store_path(self.settings)
         self._store = DlqStore(path)
@@ -130,7 +166,8 @@ class DlqService(Service):
         await self.partitions.call(self.partitions.open)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, ensure_state_topic, self.settings, self.state_topic)
+            state_topic = replace(DLQ_STATE, name=self.state_topic)
+            await loop.run_in_executor(None, ensure_state_topic, self.settings, state_topic)
         except Exception as exc:  # broker not there yet: the assignment loop waits for the topic
             log.warning("could not ensure the DLQ state topic %s: %r", self.state_topic, exc)
         self._producer = await loop.run_in_executor(
@@ -142,14 +179,13 @@ class DlqService(Service):
         )
         log.info("DLQ store open at %s (%s)", path, self._store.counts())
 
-    @Service.task
     async def _consume(self) -> None:
-        while not self.should_stop:
+        while not self._stopping.is_set():
             try:
                 await self._ensure_assignment()
                 consumer = self.partitions.consumer
                 if consumer is None or not self.partitions.assigned:
-                    await self.sleep(1.0)
+                    await asyncio.sleep(1.0)
                     continue
                 # a short poll: operator actions wait for this loop to apply their own change
                 messages = await self.partitions.call(consumer.consume, 200, 0.1)
@@ -162,7 +198,7 @@ class DlqService(Service):
                 raise
             except Exception as exc:  # keep indexing after transient broker errors
                 log.exception("DLQ consumer loop error: %r", exc)
-                await self.sleep(1.0)
+                await asyncio.sleep(1.0)
 
     async def _ensure_assignment(self) -> None:
         now = time.monotonic()
@@ -302,15 +338,7 @@ class DlqService(Service):
         if not self.store.apply(change, position):
             log.info("DLQ state change %s refused: a concurrent one came first", change.change_id)
 
-    async def wait_indexed(self, count: int, timeout_s: float = 30.0) -> None:
-        """Wait until at least ``count`` new messages were indexed (tests, tooling)."""
-        deadline = time.monotonic() + timeout_s
-        while self.indexed < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"indexed {self.indexed} of {count} dead letters")
-            await asyncio.sleep(0.05)
-
-    async def on_shutdown(self) -> None:
+    async def _shut(self) -> None:
         """Close consumer (after the last poll), alert sinks, producer and store."""
         if self._pending:
             await asyncio.wait(self._pending, timeout=5.0)
@@ -328,11 +356,12 @@ class DlqService(Service):
 
 
 def install_dlq(app: Any, settings: Settings | None = None, **kwargs: Any) -> DlqService:
-    """Create the :class:`DlqService` of ``app`` (once) and start it with the app's worker."""
+    """Create the :class:`DlqService` of ``app`` (once) and run it with the app's worker, as its
+    own consumer (:class:`~app.platform.faust.own_consumer.OwnConsumerService`)."""
     existing = getattr(app, "_avcc_dlq_service", None)
     if isinstance(existing, DlqService):
         return existing
     service = DlqService(settings or get_settings(), **kwargs)
-    app.service(service)
+    app.service(OwnConsumerService(lambda: service))
     app._avcc_dlq_service = service
     return service

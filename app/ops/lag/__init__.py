@@ -1,1 +1,2 @@
-"""Consumer lag: offsets reader, Burrow-style evaluation, monitor and pages."""
+"""Consumer lag of every group: Burrow-style evaluation, the monitor and its pages (the reader is
+:mod:`app.platform.lag`)."""

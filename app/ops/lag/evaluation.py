@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.ops.lag.settings import LagRule
-from app.ops.lag.snapshot import GroupState, PartitionOffsets
+from app.platform.lag.snapshot import GroupState, PartitionOffsets
 
 __all__ = [
     "STATUS_COLOURS",

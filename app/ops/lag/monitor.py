@@ -25,7 +25,6 @@ import orjson
 
 from app.ops.alerts import AlertSink, default_sinks
 from app.ops.console.rates import OffsetHistory
-from app.ops.lag.bounded import call_within
 from app.ops.lag.evaluation import (
     STATUS_ORDER,
     PartitionStatus,
@@ -37,9 +36,10 @@ from app.ops.lag.evaluation import (
     partition_status,
 )
 from app.ops.lag.lifecycle import AlertEvent, AlertTracker, iso_time, to_alert
-from app.ops.lag.reader import OffsetReader
-from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import BROKER_ERROR, LagSnapshot, PartitionOffsets
+from app.ops.lag.settings import LagSettings, get_lag_settings
+from app.platform.lag.bounded import call_within
+from app.platform.lag.reader import OffsetReader
+from app.platform.lag.snapshot import BROKER_ERROR, LagSnapshot, PartitionOffsets
 from app.platform.metrics import ALERTS_SENT, CONSUMER_LAG, LAG_ALERTS, LAG_MONITOR_ERRORS, LAG_STATUS
 from app.platform.settings import Settings
 
@@ -214,10 +214,10 @@ class LagMonitor:
         generator_url: str | None = None,
     ) -> None:
         self.settings = settings
-        self.config = config if config is not None else LagSettings()
+        self.config = config if config is not None else get_lag_settings()
         #: Makes the reader that replaces one whose snapshot did not answer.
         self.reader_factory: Callable[[], OffsetReader] = reader_factory or (
-            lambda: OffsetReader(settings, self.config)
+            lambda: OffsetReader(settings, watched=self.config.watched())
         )
         self.reader = reader if reader is not None else self.reader_factory()
         self.evaluator = LagEvaluator(self.config)
@@ -235,12 +235,12 @@ class LagMonitor:
 
     def snapshot_timeout_s(self) -> float:
         """Longest wait for one snapshot: several of the reader's request timeouts."""
-        return SNAPSHOT_TIMEOUTS * self.config.request_timeout_s
+        return SNAPSHOT_TIMEOUTS * self.reader.request_timeout_s
 
     async def take_snapshot(self) -> LagSnapshot:
         """The reader's snapshot; an error snapshot (``BROKER_ERROR``) if it does not answer within
         :meth:`snapshot_timeout_s`, after which a fresh reader replaces it (see
-        :mod:`app.ops.lag.bounded`): a monitor waiting for ever would stop every lag alert."""
+        :mod:`app.platform.lag.bounded`): a monitor waiting for ever would stop every lag alert."""
         reader = self.reader
         timeout = self.snapshot_timeout_s()
         try:

@@ -12,9 +12,9 @@ from app.ops.console.rates import OffsetHistory
 from app.ops.dlq.pages import page
 from app.ops.lag.lifecycle import iso_time
 from app.ops.lag.monitor import LagEvaluator, LagReport
-from app.ops.lag.reader import OffsetReader
-from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import BROKER_ERROR
+from app.ops.lag.settings import LagSettings, get_lag_settings
+from app.platform.lag.reader import OffsetReader
+from app.platform.lag.snapshot import BROKER_ERROR
 from app.platform.settings import Settings
 
 __all__ = ["format_lag_table", "lag_json", "print_lag_table", "render_lag_html"]
@@ -106,12 +106,13 @@ def print_lag_table(settings: Settings, config: LagSettings | None = None) -> in
     2 the broker could not be read. (One snapshot cannot show WARN/STALL: those need history;
     watch ``GET /lag`` of the ops worker for them.)
     """
-    reader = OffsetReader(settings, config)
+    config = config if config is not None else get_lag_settings()
+    reader = OffsetReader(settings, watched=config.watched())
     try:
         snapshot = reader.snapshot()
     finally:
         reader.close()
-    report = LagEvaluator(reader.config).observe(snapshot)
+    report = LagEvaluator(config).observe(snapshot)
     print(format_lag_table(report))
     if BROKER_ERROR in report.errors:
         return 2

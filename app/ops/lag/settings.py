@@ -1,4 +1,5 @@
-"""Lag monitor settings: the alert rules of seed 9.3.4 and the ``AVCC_LAG_*`` knobs."""
+"""Lag monitor settings: the alert rules of seed 9.3.4 and the ``AVCC_LAG_*`` knobs of the monitor
+(how every worker reads lag: :mod:`app.platform.lag.settings`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.platform.faust.app import consumer_group_id
+from app.platform.lag.reader import WatchedGroups
+from app.platform.settings import SettingsGetter, cached_settings
 from app.platform.topics import APPLY_CREATED, PLAYBACK_EVENT, spec_for
 
-__all__ = ["LagRule", "LagSettings", "default_rules"]
+__all__ = ["LagRule", "LagSettings", "default_rules", "get_lag_settings"]
 
 
 class LagRule(BaseModel):
@@ -81,13 +84,19 @@ class LagSettings(BaseSettings):
     window_s: float = Field(60.0, description="Evaluation window of the WARN/STALL/STOP status.")
     repeat_s: float = Field(300.0, description="Re-send a still-active alert this often.")
     group_prefix: str = Field("", description="Only watch groups whose id starts with this.")
-    request_timeout_s: float = Field(10.0, description="Timeout of each admin/offset request.")
-    export_interval_s: float = Field(
-        10.0, description="How often every worker exports the lag of its own partitions."
-    )
 
     @property
     def history_s(self) -> float:
         """How far back the evaluator keeps samples."""
         spans = [self.window_s, *(r.not_shrinking_s or 0.0 for r in self.rules)]
         return max(spans) + 2 * self.interval_s
+
+    def watched(self) -> WatchedGroups:
+        """The groups a snapshot reads: those with :attr:`group_prefix`, and every rule's."""
+        return WatchedGroups(
+            self.group_prefix, frozenset((group, rule.topic) for rule in self.rules for group in rule.groups)
+        )
+
+
+#: The process's lag monitor settings.
+get_lag_settings: SettingsGetter[LagSettings] = cached_settings(LagSettings)

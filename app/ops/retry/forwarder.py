@@ -22,12 +22,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
+import threading
 from collections.abc import Collection
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
-from mode import Service
 
 from app.ops.retry.schedule import (
     HEADER_ORIGINAL_PARTITION,
@@ -59,22 +58,13 @@ class RetryConsumer(ConsumerLoop):
     def __init__(self, config: dict[str, Any], topic: str, holds: PartitionHolds) -> None:
         super().__init__(config, [topic])
         self.holds = holds
-        #: Set (on the event loop) once partitions were assigned.
-        self.got_partitions = asyncio.Event()
-        self._event_loop: asyncio.AbstractEventLoop | None = None
-
-    def bind(self, event_loop: asyncio.AbstractEventLoop) -> None:
-        """Signal :attr:`got_partitions` on ``event_loop`` (the forwarder's)."""
-        self._event_loop = event_loop
 
     def on_assigned(self, partitions: list[TopicPartition]) -> None:
-        """Forget any holds of the new partitions and wake those waiting for an assignment."""
+        """Forget any holds of the new partitions."""
         for tp in partitions:
             self.holds.forget((tp.topic, tp.partition))
         if partitions:
             log.info("retry forwarder assigned %s", sorted(tp.partition for tp in partitions))
-            if self._event_loop is not None:
-                self._event_loop.call_soon_threadsafe(self.got_partitions.set)
 
     def on_revoked(self, partitions: list[TopicPartition], lost: bool) -> None:
         """Forget the holds of partitions this forwarder no longer owns."""
@@ -83,11 +73,12 @@ class RetryConsumer(ConsumerLoop):
         RETRY_WAITING_PARTITIONS.set(len(self.holds.paused))
 
 
-class RetryForwarder(Service):
+class RetryForwarder:
     """Redelivers due retry-topic messages to their original topics (see the module docstring).
 
     ``target_groups`` restricts it to messages meant for those groups (others are skipped and
-    committed); ``None`` forwards everything (production).
+    committed); ``None`` forwards everything (production). The retry group runs it as its own
+    consumer (:mod:`app.platform.faust.own_consumer`).
     """
 
     def __init__(
@@ -98,9 +89,7 @@ class RetryForwarder(Service):
         topic: str = RETRY.name,
         target_groups: Collection[str] | None = None,
         auto_offset_reset: Literal["earliest", "latest"] = "earliest",
-        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
         self.settings = settings or get_settings()
         self.group_id = group_id or consumer_group_id("retry")
         self.topic = topic
@@ -114,12 +103,8 @@ class RetryForwarder(Service):
         )
         self.consumer_loop = RetryConsumer(config, topic, self.holds)
         self._producer: EventProducer | None = None
+        self._stopping = threading.Event()
         self.forwarded = 0
-
-    @property
-    def assigned(self) -> asyncio.Event:
-        """Set once the consumer group gave this forwarder partitions."""
-        return self.consumer_loop.got_partitions
 
     def assignment(self) -> list[tuple[str, int]]:
         """``(topic, partition)`` pairs this forwarder's consumer owns."""
@@ -129,16 +114,34 @@ class RetryForwarder(Service):
         """Run ``fun`` on the consumer's own thread."""
         return await self.consumer_loop.call(functools.partial(fun, *args, **kwargs))
 
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once assigned: a held-back message is read again where it was."""
+        return True, ""
+
     # -- lifecycle -----------------------------------------------------------------------------
-    async def on_start(self) -> None:
-        """Create the producer, then the consumer and its subscription."""
+    async def serve(self) -> None:
+        """Create the producer, then the consumer and its subscription; forward until
+        :meth:`stop`; then close the consumer (after its last poll) and flush the producer."""
         loop = asyncio.get_running_loop()
         self._producer = await loop.run_in_executor(None, verified_producer, self.settings, "core", CLIENT_ID)
-        self.consumer_loop.bind(loop)
         await self._call(self.consumer_loop.open)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self.step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # broker hiccups must not kill the forwarder
+                    log.exception("retry forwarder error: %r", exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            await self._shut()
 
-    async def on_shutdown(self) -> None:
-        """Close the consumer (after its last poll) and flush the producer."""
+    def stop(self) -> None:
+        """Ask :meth:`serve` to return after the current step (from any thread)."""
+        self._stopping.set()
+
+    async def _shut(self) -> None:
         if self.consumer_loop.consumer is not None:
             await self._call(self.consumer_loop.close)
         self.consumer_loop.shutdown_thread()
@@ -147,22 +150,11 @@ class RetryForwarder(Service):
             await asyncio.get_running_loop().run_in_executor(None, producer.close)
 
     # -- main loop -----------------------------------------------------------------------------
-    @Service.task
-    async def _forward_loop(self) -> None:
-        while not self.should_stop:
-            try:
-                await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # broker hiccups must not kill the forwarder
-                log.exception("retry forwarder error: %r", exc)
-                await self.sleep(1.0)
-
     async def step(self) -> None:
         """Resume due partitions, poll once and handle what arrived."""
         consumer = self.consumer_loop.consumer
         if consumer is None:
-            await self.sleep(0.1)
+            await asyncio.sleep(0.1)
             return
         await self._resume_due(consumer)
         message = await self._call(consumer.poll, self._poll_timeout())
@@ -272,11 +264,3 @@ class RetryForwarder(Service):
         tp = TopicPartition(message.topic(), message.partition(), message.offset() + 1)
         self.holds.committed((tp.topic, tp.partition), tp.offset)
         await self._call(consumer.commit, offsets=[tp], asynchronous=False)
-
-    async def wait_assigned(self, timeout_s: float = 30.0) -> None:
-        """Wait until the consumer group gave this forwarder partitions (tests, tooling)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.assigned.is_set():
-            if time.monotonic() > deadline:
-                raise TimeoutError("retry forwarder got no partitions")
-            await asyncio.sleep(0.05)

@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.platform.metrics import TIME_TO_CODE_BUCKETS
+from app.platform.settings import SettingsGetter, cached_settings
 
-__all__ = ["GOOD_OUTCOMES", "LEVELS", "LevelObjective", "SloSettings"]
+__all__ = ["GOOD_OUTCOMES", "LEVELS", "LevelObjective", "SloSettings", "get_slo_settings"]
 
 #: The final levels (``schemas.types.FinalLevel``), fastest first.
 LEVELS: Final = ("O", "G", "P")
@@ -103,3 +104,7 @@ class SloSettings(BaseSettings):
             LevelObjective(level=level, target_s=self.targets_s[level], objective=self.objectives[level])
             for level in LEVELS
         )
+
+
+#: The process's service-level settings.
+get_slo_settings: SettingsGetter[SloSettings] = cached_settings(SloSettings)

@@ -9,15 +9,13 @@ that faust runs in its consumer thread:
 * ``ThreadDelegateConsumer._thread`` -- faust's consumer thread, whose public ``call_thread``
   runs a coroutine on the thread's event loop (aiokafka's consumer lives there);
 * ``AIOKafkaConsumerThread._ensure_consumer()`` -- that thread's aiokafka consumer, whose public
-  ``commit()`` and ``committed()`` are then used; faust's public ``Consumer.seek`` is run there
-  too (:func:`seek`): from the worker's loop it moved aiokafka's fetcher while the consumer
-  thread was reading its records (``KeyError`` in ``Fetcher.fetched_records``: the worker
-  crashed);
-* that consumer's (and its fetcher's) ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``: faust
-  creates the consumer with aiokafka's ``fetch_min_bytes=1`` and a hard-coded
-  ``fetch_max_wait_ms=1500`` and offers no setting for either, so every message arriving alone
-  made a fetch of its own (measured: ~1.1 ms of a worker's CPU per event at 150 events/s, 0.37 ms
-  with fetches of at least 64 KiB or 50 ms).
+  ``commit()`` and ``committed()`` are then used; faust's public ``Consumer.seek`` is run there too
+  (:func:`seek`): from the worker's loop it moved aiokafka's fetcher while the consumer thread
+  was reading its records (``KeyError`` in ``Fetcher.fetched_records``: the worker crashed);
+* that consumer's (and its fetcher's) ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``: faust creates the
+  consumer with aiokafka's ``fetch_min_bytes=1`` and a hard-coded ``fetch_max_wait_ms=1500`` and offers no
+  setting for either, so every message arriving alone made a fetch of its own (measured: ~1.1 ms of a
+  worker's CPU per event at 150 events/s, 0.37 ms with fetches of at least 64 KiB or 50 ms).
 
 And faust's RocksDB ``Store._dbs``, its open partition databases, whose memtables
 :func:`flush_stores` flushes: faust never flushes nor closes them, so a table sat in RocksDB's
@@ -46,6 +44,8 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 from rocksdict import Rdict
 
+from app.platform.errors import AvccError
+
 __all__ = [
     "PINNED",
     "ShapeChanged",
@@ -61,7 +61,7 @@ __all__ = [
 PINNED: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
 
 
-class ShapeChanged(ImportError):
+class ShapeChanged(AvccError, ImportError):
     """faust or aiokafka no longer has the shape this module relies on: read the module's
     docstring, check the new version's consumer thread, then update this module and its pins."""
 

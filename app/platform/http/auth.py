@@ -31,9 +31,9 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from app.platform.credentials import ApiKey, Scope
-from app.platform.errors import AvccError, DependencyUnavailable
+from app.platform.errors import DependencyUnavailable
 from app.platform.http.nonces import LocalNonces, NonceStore, nonce_store
-from app.platform.http.responses import BadRequest, json_error, parse_body
+from app.platform.http.responses import RequestRefused, json_error, parse_body
 from app.platform.http.signing import (
     HEADER_KEY,
     HEADER_NONCE,
@@ -92,17 +92,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _BAD_SIGNATURE: Final = "signature does not match the request"
 
 
-class RequestRefused(AvccError):
-    """A request refused before the route did anything; :meth:`response` is the answer."""
-
-    status: int = 400
-    reason: str = "refused"
-
-    def response(self) -> web.Response:
-        """The JSON answer ``{"error": message, "reason": reason}``."""
-        return json_error(self.status, str(self), reason=self.reason)
-
-
 class AuthenticationFailed(RequestRefused):
     """A ``/v1/`` request was refused (401). ``reason`` says which check failed.
 
@@ -113,8 +102,7 @@ class AuthenticationFailed(RequestRefused):
     status = 401
 
     def __init__(self, reason: AuthFailureReason, message: str) -> None:
-        super().__init__(message)
-        self.reason: AuthFailureReason = reason
+        super().__init__(message, reason=reason)
         self.message = message
 
     def response(self) -> web.Response:
@@ -131,12 +119,8 @@ class Forbidden(RequestRefused):
     reason = "scope"
 
     def __init__(self, scope: Scope) -> None:
-        super().__init__(f"this key may not use this route; it needs the scope {scope!r}")
+        super().__init__(f"this key may not use this route; it needs the scope {scope!r}", required=scope)
         self.required = scope
-
-    def response(self) -> web.Response:
-        """403 ``{"error", "reason": "scope", "required"}``."""
-        return json_error(403, str(self), reason=self.reason, required=self.required)
 
 
 class PayloadTooLarge(RequestRefused):
@@ -146,12 +130,8 @@ class PayloadTooLarge(RequestRefused):
     reason = "body_too_large"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"request body larger than {limit} bytes")
+        super().__init__(f"request body larger than {limit} bytes", limit_bytes=limit)
         self.limit = limit
-
-    def response(self) -> web.Response:
-        """The 413 JSON answer."""
-        return json_error(413, str(self), reason=self.reason, limit_bytes=self.limit)
 
 
 class BodyTimeout(RequestRefused):
@@ -166,10 +146,7 @@ class NonceStoreUnavailable(RequestRefused):
 
     status = 503
     reason = "unavailable"
-
-    def response(self) -> web.Response:
-        """503 with ``Retry-After``."""
-        return json_error(503, str(self), reason=self.reason, retry_after_s=1)
+    retry_after_s = 1
 
 
 async def read_body(request: Any, max_bytes: int, timeout_s: float | None = None) -> bytes:
@@ -363,10 +340,8 @@ async def signed_json(
     try:
         signed = await authenticate(request, settings, scope=scope)
         return signed, parse_body(model, signed.body)
-    except RequestRefused as exc:
+    except RequestRefused as exc:  # the body's BadRequest too
         return exc.response()
-    except BadRequest as exc:
-        return json_error(400, str(exc), fields=list(exc.fields))
 
 
 _Handler = Callable[..., Awaitable[Any]]

@@ -7,9 +7,10 @@ the refusals a view never sees as a success (401, 413, 429, 500 from an exceptio
 * the worker's probe and scrape views (:data:`UNCOUNTED_ROUTES`), hit every few seconds by
   Prometheus and the orchestrator rather than by users;
 * requests matching no route (their paths would be unbounded label values);
-* requests a peer worker forwarded to the owner of a table partition (header
-  :data:`~app.platform.http.routing.FORWARD_HEADER`): the worker that received the request from
-  the client counts the answer it relays, so each client request is counted once.
+* calls from another worker (header :data:`~app.platform.http.peers.PEER_HEADER`): a request
+  forwarded to the owner of a table partition, asked of every replica, or a peer call such as a
+  claim: the worker that received the request from the client counts the answer it gives, so
+  each client request is counted once.
 
 :func:`app.platform.faust.app.create_app` installs it on every faust App's web server.
 """
@@ -21,7 +22,7 @@ from typing import Final
 
 from aiohttp import web
 
-from app.platform.http.routing import FORWARD_HEADER
+from app.platform.http.peers import PEER_HEADER
 from app.platform.metrics import HTTP_REQUESTS
 
 __all__ = ["UNCOUNTED_ROUTES", "count_requests", "route_label"]
@@ -47,7 +48,7 @@ def route_label(request: web.Request) -> str | None:
 async def count_requests(request: web.Request, handler: _Handler) -> web.StreamResponse:
     """Answer ``request`` and count the answer (see the module docstring)."""
     route = route_label(request)
-    if route is None or route in UNCOUNTED_ROUTES or FORWARD_HEADER in request.headers:
+    if route is None or route in UNCOUNTED_ROUTES or PEER_HEADER in request.headers:
         return await handler(request)
     status = 500
     try:

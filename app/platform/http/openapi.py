@@ -5,7 +5,7 @@ its key must hold, the request body model or query parameters, and every answer 
 (status -> schema). From the same declarations come
 
 * ``GET /openapi.json`` of each worker (:func:`install_openapi`: its own routes plus the probes),
-* the merged partner document ``schemas/openapi.yaml`` (written by ``app.platform.contract_docs``),
+* the merged partner document ``schemas/openapi.yaml`` (written by ``app.contract_docs``),
 * the mounting of the view itself (:func:`route`), so a route cannot exist undocumented.
 
 Every error answer has one shape, :data:`ERROR_SCHEMA` (``{"error", "reason", ...}`` of
@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from app.platform.credentials import Scope
 from app.platform.http.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP
+from schemas.types import MAX_EPOCH_MS
 
 if TYPE_CHECKING:
     import faust
@@ -30,8 +31,11 @@ if TYPE_CHECKING:
 __all__ = [
     "API_VERSION",
     "DOCUMENT_ROUTE",
+    "EPOCH_MS",
     "ERROR_SCHEMA",
+    "INTEGER",
     "PROBES",
+    "STRING",
     "Body",
     "Operation",
     "Param",
@@ -63,10 +67,16 @@ _SECURITY_TEXT: Final = {
     ),
 }
 
+#: JSON schemas the route declarations of every domain are written with.
+STRING: Final[Mapping[str, Any]] = {"type": "string"}
+INTEGER: Final[Mapping[str, Any]] = {"type": "integer"}
+#: Epoch milliseconds, as every ``*_ms`` parameter takes them.
+EPOCH_MS: Final[Mapping[str, Any]] = {"type": "integer", "minimum": 0, "maximum": MAX_EPOCH_MS}
+
 #: ``{"error", "reason", ...}``: every refusal and error of every route.
 ERROR_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
-    "required": ["error"],
+    "required": ["error", "reason"],
     "properties": {
         "error": {"type": "string", "description": "What went wrong, for a person."},
         "reason": {"type": "string", "description": "A fixed word a program can branch on."},

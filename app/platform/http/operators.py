@@ -36,6 +36,7 @@ from typing import Final
 from aiohttp import BasicAuth, web
 
 from app.platform.http.counting import route_label
+from app.platform.http.responses import json_error
 from app.platform.metrics import OPERATOR_LOGIN_FAILURES
 from app.platform.settings import Settings
 
@@ -209,9 +210,10 @@ class OperatorGuard:
         message = "operator login required"
         if not self.configured:
             message += " (no operator logins configured: set AVCC_OPERATOR_USERS)"
-        return web.Response(
-            status=401,
-            text=message + "\n",
+        return json_error(
+            401,
+            message,
+            reason="login_required",
             headers={"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},
         )
 
@@ -234,10 +236,8 @@ class OperatorGuard:
         OPERATOR_LOGIN_FAILURES.labels("locked_out").inc()
         log.warning("operator login locked out: user %r from %s for %.0fs more", name, address, wait_s)
         seconds = max(1, int(wait_s + 0.999))
-        return web.Response(
-            status=429,
-            text=f"too many failed logins; retry in {seconds}s\n",
-            headers={"Retry-After": str(seconds)},
+        return json_error(
+            429, f"too many failed logins; retry in {seconds}s", reason="locked_out", retry_after_s=seconds
         )
 
 

@@ -1,120 +1,77 @@
-"""Routing of requests about one table key to the worker that owns its partition.
+"""Owner routing of one table: who holds which partition, and the calls to them.
 
-A record's state lives on the worker owning its table partition; any worker accepts the
-request, checks its signature and scope, and forwards it (marked with :func:`forward_token`, so
-the owner answers instead of forwarding again) to the owner. The owner checks the request again
-and claims its nonce: a request is claimed only where it is answered, so the same request sent
-to two replicas meets its first claim in the shared nonce store whichever replica owns it.
-:func:`record_request` and :func:`answer_at_owner` are the prologue of ``/v1/.../{avcc_record_id}``.
+A record's state lives on the worker owning its table partition. :class:`OwnerRouting` is the
+one component that knows, for one table, the owner of a key or a partition and the other workers
+holding partitions (faust's assignment metadata of the table's changelog), and that calls them,
+always through :class:`~app.platform.http.peers.PeerCalls` and signed as peer calls
+(:mod:`app.platform.http.peers`):
+
+* **to the owner** (:meth:`OwnerRouting.answer_at_owner`): any worker accepts a request about one
+  record, checks its signature and scope, and forwards it to the owner, which checks it again
+  and claims its nonce: a request is claimed only where it is answered, so the same request sent
+  to two replicas meets its first claim in the shared nonce store whichever replica owns it;
+* **to every peer** (:meth:`OwnerRouting.fan_out`), with an explicit policy (:data:`FanOutPolicy`)
+  for a request the table answers as a whole: ``first`` (a key whose partition the request does
+  not name: the first peer holding it answers), ``all`` (a listing served only whole) or
+  ``merge`` (a summary naming each peer that did not answer);
+* **a peer call** to the owner of a partition (:meth:`OwnerRouting.call_owner`), such as the
+  code group's claims.
+
+While ownership is unsettled (a rebalance, a recovery, an owner that moved or cannot be reached)
+a request is answered 503 with ``Retry-After`` after a bounded wait, never a wrong 404 and never
+forwarded twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
-import aiohttp
 from aiohttp import web
 
 from app.platform.credentials import Scope
 from app.platform.faust.recovery import restoring, table_recovery
-from app.platform.http.auth import HEADER_SIGNATURE, RequestRefused, SignedRequest, authenticate, claim_nonce
-from app.platform.http.responses import json_error
+from app.platform.http.auth import SignedRequest, authenticate, claim_nonce
+from app.platform.http.peers import PeerCalls, PeerReply, PeerUnreachable, is_peer_call
+from app.platform.http.responses import RequestRefused, json_error
 from app.platform.kafka.partitioner import partition_for, record_key
 from app.platform.settings import Settings
 
 __all__ = [
-    "FORWARD_HEADER",
     "FORWARD_TIMEOUT_S",
     "SETTLE_WAIT_S",
+    "FanOut",
+    "FanOutPolicy",
+    "OwnerRouting",
     "PeerAnswer",
     "RecordRequest",
-    "answer_at_owner",
-    "answer_from_peers",
-    "answers_of_every_peer",
-    "ask_every_peer",
-    "forward_to",
-    "forward_token",
-    "is_forwarded",
-    "is_local",
-    "owner_url",
     "ownership_settled",
-    "partition_owner_url",
     "partitions_settled",
-    "peer_partitions",
     "rebalancing_answer",
-    "record_request",
-    "table_peers",
-    "table_wide_request",
     "unsettled_answer",
     "wait_settled",
 ]
 
 log = logging.getLogger(__name__)
 
-#: Set by a worker that forwards a request to the owner of a table partition.
-FORWARD_HEADER = "X-AVCC-Forwarded"
 #: Longest wait for a forwarded request's answer.
 FORWARD_TIMEOUT_S = 15.0
 #: Longest wait of a request for this worker's partitions to settle before it answers 503.
 SETTLE_WAIT_S = 5.0
+#: Record ids are positive decimal integers of at most 19 digits (they fit a signed 64-bit int).
+_MAX_RECORD_ID_DIGITS = 19
 
-
-def forward_token(settings: Settings, signature: str) -> str:
-    """Proof that a forwarded request was authenticated by a worker holding the secrets."""
-    secret = "\n".join(sorted(settings.effective_hmac_keys().values())).encode()
-    return hmac.new(secret, b"forward\n" + signature.encode(), hashlib.sha256).hexdigest()
-
-
-def is_forwarded(request: web.Request, settings: Settings) -> bool:
-    """Whether ``request`` was forwarded by a peer worker that already checked its nonce."""
-    token = request.headers.get(FORWARD_HEADER)
-    signature = request.headers.get(HEADER_SIGNATURE, "")
-    return bool(token) and hmac.compare_digest(token or "", forward_token(settings, signature))
-
-
-async def forward_to(
-    base_url: str,
-    request: web.Request,
-    body: bytes,
-    settings: Settings,
-    *,
-    timeout_s: float = FORWARD_TIMEOUT_S,
-) -> web.Response:
-    """Send ``request`` (with its body) to the worker at ``base_url`` and relay the answer
-    (``Retry-After`` included); a 503 with ``Retry-After`` when that worker cannot be reached
-    within ``timeout_s`` (killed, hung, restarting: the assignment still names it until the
-    group rebalances)."""
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length"}}
-    headers[FORWARD_HEADER] = forward_token(settings, request.headers.get(HEADER_SIGNATURE, ""))
-    url = base_url.rstrip("/") + request.path_qs
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(request.method, url, data=body, headers=headers) as response,
-        ):
-            payload = await response.read()
-            retry_after = response.headers.get("Retry-After")
-            relayed = {"Retry-After": retry_after} if retry_after else {}
-            return web.Response(
-                body=payload,
-                status=response.status,
-                content_type=response.content_type or "application/json",
-                headers=relayed,
-            )
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.info("owner %s unreachable (%s): answering 503", base_url, type(exc).__name__)
-        return json_error(
-            503, "partition owner unreachable (failover); retry", reason="owner_unreachable", retry_after_s=1
-        )
+#: How a request the table answers as a whole is put to the peers: ``first`` asks them in turn
+#: until one answers 200 (every partition must have an owner, and "not found" is never claimed
+#: with a peer unheard); ``all`` asks them at once and wants every answer (a listing is never
+#: served with part of the table unheard); ``merge`` asks them at once and keeps whatever each
+#: answers (a summary names the peers that did not answer and the partitions they held).
+FanOutPolicy = Literal["first", "all", "merge"]
 
 
 def ownership_settled(app: Any) -> bool:
@@ -167,161 +124,21 @@ def unsettled_answer(app: Any) -> web.Response:
     )
 
 
-def owner_url(app: Any, table: Any, key: bytes) -> str | None:
-    """Base URL of the worker that owns ``key``'s partition of ``table`` (``None`` if unknown).
-
-    The partition is murmur2 of the key like every producer computes it.
-    """
-    return partition_owner_url(app, table, partition_for(key, int(table.partitions)))
-
-
-def partition_owner_url(app: Any, table: Any, partition: int) -> str | None:
-    """Base URL of the worker that owns ``partition`` of ``table`` (``None`` if unknown), from
-    faust's assignment metadata of the table's changelog topic."""
-    topic = table.changelog_topic.get_topic_name()
-    for url, topics in app.router.table_metadata(table.name).items():
-        if partition in topics.get(topic, ()):
-            return str(url).rstrip("/")
-    return None
-
-
-def peer_partitions(app: Any, table: Any) -> dict[str, tuple[int, ...]]:
-    """Base URL -> the partitions of ``table`` it holds, for every other worker holding some
-    (from faust's assignment metadata of the table's changelog topic)."""
-    topic = table.changelog_topic.get_topic_name()
-    held: dict[str, tuple[int, ...]] = {}
-    for url, topics in app.router.table_metadata(table.name).items():
-        partitions = tuple(sorted(topics.get(topic, ())))
-        base = str(url).rstrip("/")
-        if partitions and not is_local(app, base):
-            held[base] = partitions
-    return held
-
-
-@dataclass(frozen=True, slots=True)
-class PeerAnswer:
-    """Another worker holding partitions of a table, and what it answered a forwarded request."""
-
-    url: str
-    partitions: tuple[int, ...]
-    answer: web.Response
-
-
-async def ask_every_peer(
-    app: Any, table: Any, request: web.Request, settings: Settings, *, timeout_s: float
-) -> list[PeerAnswer]:
-    """Forward ``request`` at once to every other worker holding partitions of ``table``, for an
-    answer merged over the table that names what is missing instead of failing: each peer's
-    answer, a 503 for one not answering within ``timeout_s``."""
-    peers = peer_partitions(app, table)
-    body = await request.read()
-    answers = await asyncio.gather(
-        *(forward_to(url, request, body, settings, timeout_s=timeout_s) for url in peers)
+def _relayed(reply: PeerReply) -> web.Response:
+    """The answer of another worker, relayed as it is (its ``Retry-After`` included)."""
+    retry_after = reply.headers.get("Retry-After")
+    return web.Response(
+        body=reply.body,
+        status=reply.status,
+        content_type=reply.headers.get("Content-Type", "application/json").split(";")[0],
+        headers={"Retry-After": retry_after} if retry_after else None,
     )
-    return [PeerAnswer(url, peers[url], answer) for url, answer in zip(peers, answers, strict=True)]
 
 
-def table_peers(app: Any, table: Any) -> list[str] | None:
-    """Base URLs of the other workers holding partitions of ``table``; ``None`` while some
-    partition has no owner (a rebalance)."""
-    topic = table.changelog_topic.get_topic_name()
-    held: set[int] = set()
-    peers: list[str] = []
-    for url, topics in app.router.table_metadata(table.name).items():
-        partitions = topics.get(topic, ())
-        held.update(partitions)
-        base = str(url).rstrip("/")
-        if partitions and not is_local(app, base):
-            peers.append(base)
-    return peers if len(held) >= int(table.partitions) else None
-
-
-async def answer_from_peers(
-    app: Any, table: Any, request: web.Request, settings: Settings
-) -> web.Response | None:
-    """Ask every other worker holding ``table`` for a key this worker does not hold, when the
-    key's partition cannot be derived from the request (a settlement instruction lives in the
-    partition of its record). The first 200; a 503 when some peer could not answer (so "not
-    found" is never claimed with part of the table unheard); ``None`` when no peer has it."""
-    peers = table_peers(app, table)
-    if peers is None:
-        return rebalancing_answer("partition owner unknown")
-    body = await request.read()
-    unanswered: web.Response | None = None
-    for peer in peers:
-        answer = await forward_to(peer, request, body, settings)
-        if answer.status == 200:
-            return answer
-        if answer.status != 404:
-            unanswered = answer
-    return unanswered
-
-
-async def table_wide_request(
-    app: Any, request: web.Request, settings: Settings, *, scope: Scope
-) -> bool | web.Response:
-    """The prologue of a route answered from the whole table, whose key's partition the request
-    does not name: authenticate, claim the nonce unless a peer forwarded the request (it is
-    claimed once, where the client called), and wait until this worker's partitions settle.
-    Whether the request was forwarded, or the refusal (or 503) to send instead."""
-    try:
-        signed = await authenticate(request, settings, scope=scope, check_nonce=False)
-        forwarded = is_forwarded(request, settings)
-        if not forwarded:
-            await claim_nonce(signed, settings)
-    except RequestRefused as exc:
-        return exc.response()
-    if not await wait_settled(app):
-        return unsettled_answer(app)
-    return forwarded
-
-
-async def answers_of_every_peer(
-    app: Any, table: Any, request: web.Request, settings: Settings
-) -> list[bytes] | web.Response:
-    """The 200 bodies of every other worker holding ``table``, asked at once, for a listing
-    that spans the whole table; the 503 to send instead while a partition has no owner or when
-    some peer did not answer (a listing with part of the table unheard is never served)."""
-    peers = table_peers(app, table)
-    if peers is None:
-        return rebalancing_answer("partition owner unknown")
-    body = await request.read()
-    answers = await asyncio.gather(*(forward_to(peer, request, body, settings) for peer in peers))
-    for answer in answers:
-        if answer.status != 200:
-            log.info("a peer answered %d to a listing: answering 503", answer.status)
-            return rebalancing_answer("a partition owner did not answer")
-    return [cast(bytes, answer.body) for answer in answers]  # forward_to answers with bytes
-
-
-def is_local(app: Any, url: str) -> bool:
-    """Whether ``url`` is this worker."""
-    return url == str(app.conf.canonical_url).rstrip("/")
-
-
-async def answer_at_owner(
-    app: Any, table: Any, signed: RecordRequest, request: web.Request, settings: Settings
-) -> web.Response | None:
-    """The answer to send: the owner's when another worker owns the record's partition of
-    ``table``, a refusal when the nonce was used, a 503 with ``Retry-After`` while ownership is
-    unsettled (after a bounded wait: a rebalance, a recovery, an unreachable or moved owner);
-    ``None`` when this worker must answer (the nonce is then claimed)."""
-    if not await wait_settled(app, settled=ownership_settled):
-        return rebalancing_answer()
-    owner = owner_url(app, table, signed.key)
-    if owner is None:
-        return rebalancing_answer("partition owner unknown")
-    if not is_local(app, owner):
-        if signed.forwarded:  # the sender's assignment is older than ours: never forward twice
-            return rebalancing_answer("partition owner moved")
-        return await forward_to(owner, request, signed.body, settings)
-    if not await wait_settled(app):
-        return unsettled_answer(app)
-    try:
-        await claim_nonce(signed.signed, settings)
-    except RequestRefused as exc:
-        return exc.response()
-    return None
+def _unreachable() -> web.Response:
+    return json_error(
+        503, "partition owner unreachable (failover); retry", reason="owner_unreachable", retry_after_s=1
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,21 +157,190 @@ class RecordRequest:
         return self.signed.body
 
 
-#: Record ids are positive decimal integers of at most 19 digits (they fit a signed 64-bit int).
-_MAX_RECORD_ID_DIGITS = 19
+@dataclass(frozen=True, slots=True)
+class PeerAnswer:
+    """Another worker holding partitions of the table, and what it answered a forwarded request."""
+
+    url: str
+    partitions: tuple[int, ...]
+    answer: web.Response
+
+    @property
+    def body(self) -> bytes:
+        """The answer's body (a relayed answer always holds bytes)."""
+        return cast(bytes, self.answer.body)
 
 
-async def record_request(
-    request: web.Request, avcc_record_id: str, settings: Settings, *, scope: Scope
-) -> RecordRequest | web.Response:
-    """Authenticate a ``/v1/.../{avcc_record_id}`` request (signature and scope; the nonce is
-    claimed by :func:`answer_at_owner`) and parse its id; the refusal (401, 403, 400) otherwise."""
-    try:
-        signed = await authenticate(request, settings, scope=scope, check_nonce=False)
-    except RequestRefused as exc:
-        return exc.response()
-    digits = avcc_record_id
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= _MAX_RECORD_ID_DIGITS):
-        return json_error(400, "avcc_record_id: must be a decimal integer", fields=["avcc_record_id"])
-    record_id = int(digits)
-    return RecordRequest(signed, record_id, record_key(record_id), is_forwarded(request, settings))
+@dataclass(slots=True)
+class FanOut:
+    """What the peers answered a request under a :data:`FanOutPolicy`: their answers (``first``:
+    the one that had it, if any; ``all``: every one, each a 200; ``merge``: every one), or the
+    answer to send instead (``refusal``: a 503 while a partition has no owner or a peer was
+    unheard)."""
+
+    answers: list[PeerAnswer] = field(default_factory=list)
+    refusal: web.Response | None = None
+
+
+class OwnerRouting:
+    """The owners of one table's partitions, and every call to them (see the module docstring)."""
+
+    def __init__(self, app: Any, table: Any, settings: Settings, calls: PeerCalls | None = None) -> None:
+        self.app = app
+        self.table = table
+        self.settings = settings
+        self.calls = calls if calls is not None else PeerCalls(settings, FORWARD_TIMEOUT_S)
+
+    # -- who holds what ------------------------------------------------------------------------
+
+    def holders(self) -> dict[str, tuple[int, ...]]:
+        """Base URL -> the partitions of the table it holds, for every worker holding some (this
+        one included), from faust's assignment metadata of the table's changelog topic."""
+        topic = self.table.changelog_topic.get_topic_name()
+        held: dict[str, tuple[int, ...]] = {}
+        for url, topics in self.app.router.table_metadata(self.table.name).items():
+            partitions = tuple(sorted(topics.get(topic, ())))
+            if partitions:
+                held[str(url).rstrip("/")] = partitions
+        return held
+
+    def peers(self) -> dict[str, tuple[int, ...]]:
+        """:meth:`holders` without this worker."""
+        return {url: held for url, held in self.holders().items() if not self.is_local(url)}
+
+    def complete(self) -> bool:
+        """Whether every partition of the table has an owner (not so during a rebalance)."""
+        held = {p for partitions in self.holders().values() for p in partitions}
+        return len(held) >= int(self.table.partitions)
+
+    def owner(self, partition: int) -> str | None:
+        """Base URL of the worker that owns ``partition`` (``None`` if unknown)."""
+        for url, held in self.holders().items():
+            if partition in held:
+                return url
+        return None
+
+    def owner_of_key(self, key: bytes) -> str | None:
+        """Base URL of the worker that owns ``key``'s partition (murmur2 of the key, as every
+        producer computes it; ``None`` if unknown)."""
+        return self.owner(partition_for(key, int(self.table.partitions)))
+
+    def is_local(self, url: str) -> bool:
+        """Whether ``url`` is this worker."""
+        return url == str(self.app.conf.canonical_url).rstrip("/")
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def forward(
+        self, url: str, request: web.Request, body: bytes, *, timeout_s: float = FORWARD_TIMEOUT_S
+    ) -> web.Response:
+        """Send ``request`` (with its body) to the worker at ``url`` as a peer call and relay its
+        answer; a 503 with ``Retry-After`` when that worker cannot be reached within ``timeout_s``
+        (killed, hung, restarting: the assignment still names it until the group rebalances)."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length"}}
+        try:
+            reply = await self.calls.request(
+                url, request.method, request.path_qs, body, headers=headers, timeout_s=timeout_s
+            )
+        except PeerUnreachable as exc:
+            log.info("owner %s unreachable (%s): answering 503", url, exc)
+            return _unreachable()
+        return _relayed(reply)
+
+    async def call_owner(self, partition: int, path: str, body: bytes) -> PeerReply:
+        """A peer call ``POST path`` to the owner of ``partition`` (not this worker): its reply.
+        :class:`~app.platform.http.peers.PeerUnreachable` when it has no owner or does not answer."""
+        owner = self.owner(partition)
+        if owner is None:
+            raise PeerUnreachable(f"partition {partition} of {self.table.name} has no owner yet")
+        return await self.calls.request(
+            owner, "POST", path, body, headers={"Content-Type": "application/json"}
+        )
+
+    async def fan_out(
+        self, request: web.Request, policy: FanOutPolicy, *, timeout_s: float = FORWARD_TIMEOUT_S
+    ) -> FanOut:
+        """Forward ``request`` to every other worker holding partitions of the table, under
+        ``policy`` (:data:`FanOutPolicy`)."""
+        if policy != "merge" and not self.complete():
+            return FanOut(refusal=rebalancing_answer("partition owner unknown"))
+        peers = self.peers()
+        body = await request.read()
+        if policy == "first":
+            unheard: web.Response | None = None
+            for url, held in peers.items():
+                answer = await self.forward(url, request, body, timeout_s=timeout_s)
+                if answer.status == 200:
+                    return FanOut([PeerAnswer(url, held, answer)])
+                if answer.status != 404:
+                    unheard = answer
+            return FanOut(refusal=unheard)
+        answers = await asyncio.gather(
+            *(self.forward(url, request, body, timeout_s=timeout_s) for url in peers)
+        )
+        fanned = FanOut([PeerAnswer(url, peers[url], a) for url, a in zip(peers, answers, strict=True)])
+        if policy == "all" and any(a.answer.status != 200 for a in fanned.answers):
+            log.info("a peer did not answer 200 to a request of the whole table: answering 503")
+            return FanOut(refusal=rebalancing_answer("a partition owner did not answer"))
+        return fanned
+
+    # -- the prologues of the routes -----------------------------------------------------------
+
+    async def record_request(
+        self, request: web.Request, avcc_record_id: str, *, scope: Scope
+    ) -> RecordRequest | web.Response:
+        """Authenticate a ``/v1/.../{avcc_record_id}`` request (signature and scope; the nonce is
+        claimed by :meth:`answer_at_owner`) and parse its id; the refusal (401, 403, 400) else."""
+        try:
+            signed = await authenticate(request, self.settings, scope=scope, check_nonce=False)
+        except RequestRefused as exc:
+            return exc.response()
+        digits = avcc_record_id
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= _MAX_RECORD_ID_DIGITS):
+            return json_error(
+                400,
+                "avcc_record_id: must be a decimal integer",
+                reason="bad_parameter",
+                fields=["avcc_record_id"],
+            )
+        record_id = int(digits)
+        forwarded = is_peer_call(request, signed.body, self.settings)
+        return RecordRequest(signed, record_id, record_key(record_id), forwarded)
+
+    async def answer_at_owner(self, signed: RecordRequest, request: web.Request) -> web.Response | None:
+        """The answer to send: the owner's when another worker owns the record's partition, a
+        refusal when the nonce was used, a 503 with ``Retry-After`` while ownership is unsettled
+        (after a bounded wait: a rebalance, a recovery, an unreachable or moved owner); ``None``
+        when this worker must answer (the nonce is then claimed)."""
+        if not await wait_settled(self.app, settled=ownership_settled):
+            return rebalancing_answer()
+        owner = self.owner_of_key(signed.key)
+        if owner is None:
+            return rebalancing_answer("partition owner unknown")
+        if not self.is_local(owner):
+            if signed.forwarded:  # the sender's assignment is older than ours: never forward twice
+                return rebalancing_answer("partition owner moved")
+            return await self.forward(owner, request, signed.body)
+        if not await wait_settled(self.app):
+            return unsettled_answer(self.app)
+        try:
+            await claim_nonce(signed.signed, self.settings)
+        except RequestRefused as exc:
+            return exc.response()
+        return None
+
+    async def table_wide_request(self, request: web.Request, *, scope: Scope) -> bool | web.Response:
+        """The prologue of a route answered from the whole table, whose key's partition the
+        request does not name: authenticate, claim the nonce unless a peer forwarded the request
+        (it is claimed once, where the client called), and wait until this worker's partitions
+        settle. Whether the request was forwarded, or the refusal (or 503) to send instead."""
+        try:
+            signed = await authenticate(request, self.settings, scope=scope, check_nonce=False)
+            forwarded = is_peer_call(request, signed.body, self.settings)
+            if not forwarded:
+                await claim_nonce(signed, self.settings)
+        except RequestRefused as exc:
+            return exc.response()
+        if not await wait_settled(self.app):
+            return unsettled_answer(self.app)
+        return forwarded

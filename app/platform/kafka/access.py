@@ -20,6 +20,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
+from app.platform.errors import ConfigurationError
 from app.platform.faust.app import consumer_group_id
 from app.platform.groups import GroupSpec
 from app.platform.kafka.acls import AclGrant, acl_plan, group_principal
@@ -62,8 +63,9 @@ _FATAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 _REQUEST_S: Final = 15.0
 
 
-class KafkaAccessRefused(RuntimeError):
-    """The worker cannot work with these settings; ``exit_code`` says which kind of refusal."""
+class KafkaAccessRefused(ConfigurationError):
+    """The worker cannot work with these settings (the broker refuses its credentials or its
+    ACLs); ``exit_code`` says which kind of refusal. Fix the credentials or the ACLs and restart."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)

@@ -28,12 +28,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from app.ops.lag.reader import LAG_READER_GROUP
 from app.platform.faust.app import consumer_group_id
 from app.platform.flows import TOPIC_FLOWS
 from app.platform.groups import GROUPS, GroupSpec
 from app.platform.http.nonces import NONCE_READER_GROUP
 from app.platform.internal_topics import STATE_TOPICS
+from app.platform.lag.reader import LAG_READER_GROUP
 from app.platform.topics import NONCES, TOPIC_PLAN
 
 __all__ = [

@@ -18,12 +18,12 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from app.platform.errors import TopicPlanDrift
+from app.platform.errors import DependencyUnavailable, TopicPlanDrift
 from app.platform.kafka.clients import admin_client
 from app.platform.settings import Settings
 from app.platform.topics import TOPIC_PLAN, TopicSpec
 
-__all__ = ["Drift", "PlanReport", "apply_plan", "describe_topics"]
+__all__ = ["Drift", "PlanReport", "apply_plan", "describe_topics", "ensure_state_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -280,3 +280,48 @@ def _check_topic(
         for key, planned in wrong.items():
             drift.append(Drift(spec.name, key, planned, str(config.get(key)), fix_config))
     return drift
+
+
+def ensure_state_topic(settings: Settings, spec: TopicSpec) -> bool:
+    """Create a topic a group keeps its own state in (a changelog, an internal stream) as ``spec``
+    lays it out, through the plan (:func:`apply_plan`), and return once every partition has a
+    leader; whether it was created.
+
+    The topic of a worker embedded elsewhere (tests, the benches) is created this way; a worker
+    started by ``avcc worker`` finds it made. An existing topic with another partition count is
+    refused (:class:`TopicPlanDrift`): states are addressed by partition number. Blocks on the
+    broker: call it from a thread.
+    """
+    report = apply_plan(settings, [spec])
+    resized = [drift for drift in report.unfixed if drift.setting == "partitions"]
+    if resized:
+        raise TopicPlanDrift(
+            f"{spec.name} has {resized[0].actual} partitions, the plan {spec.partitions}: delete it (it is "
+            "rebuilt from the next snapshots) or fix the plan"
+        )
+    _wait_until_led(_admin(settings), spec.name, spec.partitions)
+    if spec.name in report.created:
+        log.info("created %s topic %s (%d partitions)", spec.cleanup_policy, spec.name, spec.partitions)
+    return spec.name in report.created
+
+
+def _wait_until_led(admin: AdminClient, topic: str, partitions: int) -> None:
+    """Return once the broker's metadata shows ``topic`` with every partition led.
+
+    A topic just created reaches the brokers' metadata a little later (KRaft propagates it), and
+    a consumer that subscribes before then is told the topic does not exist and looks again only
+    at its next metadata refresh, minutes later: the anomaly detector's second stage sat idle.
+    """
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        found = admin.list_topics(topic=topic, timeout=_TIMEOUT_S).topics.get(topic)
+        if (
+            found is not None
+            and found.error is None
+            and len(found.partitions) == partitions
+            and all(p.leader >= 0 for p in found.partitions.values())
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise DependencyUnavailable(f"{topic} was created but its partitions have no leader yet")
+        time.sleep(0.1)

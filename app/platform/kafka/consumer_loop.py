@@ -5,8 +5,8 @@ A confluent-kafka consumer must be used from one thread. :class:`ConsumerLoop` o
 consumer, its subscription and the set of partitions it holds, so each loop writes only what
 it does with a batch:
 
-* a synchronous loop (sink, anomaly) runs in its own thread and calls :meth:`open`,
-  ``self.consumer.consume(...)`` and :meth:`close` directly;
+* a synchronous loop (sink, anomaly) runs in a thread of its own (:func:`in_thread`) and calls
+  :meth:`open`, ``self.consumer.consume(...)`` and :meth:`close` directly;
 * an asyncio service (retry, DLQ) calls the same methods through :meth:`call`, which runs them
   on the loop's single dedicated thread, never on the event loop.
 
@@ -18,17 +18,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
-__all__ = ["ConsumerLoop"]
+__all__ = ["ConsumerLoop", "in_thread"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+
+async def in_thread(target: Callable[[], None], name: str) -> None:
+    """Run the blocking ``target`` on a thread of its own (a consumer loop must not hold one of the
+    event loop's executor threads for its whole life); return or raise as it does."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def main() -> None:
+        error: BaseException | None = None
+        try:
+            target()
+        except BaseException as exc:  # handed to the awaiting coroutine, which raises it
+            error = exc
+        loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=main, name=name, daemon=False).start()
+    await done
 
 
 class ConsumerLoop:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from app.playback.anomaly.rules import RuleConfig, WindowAgg
+    from app.playback.anomaly.rules import WindowAgg
+    from app.playback.anomaly.settings import AnomalyRuleSettings
 
 __all__ = ["SEP", "Baseline", "split_key", "update_baseline"]
 
@@ -59,7 +60,7 @@ def update_baseline(
     baseline: Baseline,
     agg: WindowAgg | None,
     window_start: int,
-    cfg: RuleConfig,
+    cfg: AnomalyRuleSettings,
 ) -> Baseline:
     """Fold the window starting at ``window_start`` into ``baseline`` (in place; returned).
 

@@ -19,9 +19,10 @@ replay produces the same ids (the sink stores them once).
 
 Durability: offsets of both topics are committed every ``commit_interval_s`` (and on
 revocation/stop) only after the partials and anomalies produced so far are acknowledged and a
-snapshot of every changed state is in the local store and acknowledged on its compacted
-changelog (:mod:`tables.anomaly`); on assignment each partition's snapshot is restored and the
-consumer seeks to its offset. A partial replayed after a crash is merged once (source marks).
+snapshot of every changed state is in the local store and acknowledged on its compacted changelog
+(declared in :mod:`tables.anomaly`, backed by :mod:`app.playback.anomaly.state`); on assignment each
+partition's snapshot is restored and the consumer seeks to its offset. A partial replayed after a
+crash is merged once (source marks).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,8 +51,9 @@ from app.platform.errors import DependencyUnavailable
 from app.platform.faust.app import consumer_group_id
 from app.platform.gc_tuning import raise_gen0_threshold
 from app.platform.groups import group_spec
+from app.platform.kafka.admin import ensure_state_topic
 from app.platform.kafka.clients import consumer_config, producer_config
-from app.platform.kafka.consumer_loop import ConsumerLoop
+from app.platform.kafka.consumer_loop import ConsumerLoop, in_thread
 from app.platform.metrics import (
     ANOMALIES,
     ANOMALY_CHECKPOINT_SECONDS,
@@ -69,23 +72,27 @@ from app.platform.topics import (
     ANOMALY_WINDOW_PARTIALS,
     PLAYBACK_EVENT,
 )
-from app.playback.anomaly.config import AnomalySettings
 from app.playback.anomaly.merge import ClosedWindow, Merger, MergeState
 from app.playback.anomaly.partials import Partial, decode_partial, encode_partials
 from app.playback.anomaly.rules import to_anomaly
-from app.playback.anomaly.windows import PartitionClose, PartitionState, Windows
-from schemas.codec import dumps
-from schemas.envelope import make_envelope
-from tables.anomaly import (
+from app.playback.anomaly.settings import (
+    AnomalyRuleSettings,
+    AnomalySettings,
+    get_anomaly_rule_settings,
+    get_anomaly_settings,
+)
+from app.playback.anomaly.state import (
     CHANGELOG_TOPIC,
     MERGE_CHANGELOG_TOPIC,
     SNAPSHOT_MAX_BYTES,
     StateTopic,
     WindowStore,
-    ensure_state_topic,
     restore_states,
     window_store_dir,
 )
+from app.playback.anomaly.windows import PartitionClose, PartitionState, Windows
+from schemas.codec import dumps
+from schemas.envelope import make_envelope
 
 __all__ = ["GROUP", "AnomalyDetector"]
 
@@ -118,6 +125,7 @@ class AnomalyDetector(ConsumerLoop):
         settings: Settings,
         config: AnomalySettings | None = None,
         *,
+        rules: AnomalyRuleSettings | None = None,
         source_topic: str = PLAYBACK_EVENT.name,
         anomaly_topic: str = ANOMALY.name,
         changelog_topic: str = CHANGELOG_TOPIC,
@@ -130,8 +138,8 @@ class AnomalyDetector(ConsumerLoop):
         on_anomaly: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.anomaly_settings = config if config is not None else AnomalySettings()
-        self.rules = self.anomaly_settings.rule_config()
+        self.anomaly_settings = config if config is not None else get_anomaly_settings()
+        self.rules = rules if rules is not None else get_anomaly_rule_settings()
         self.source_topic = source_topic
         self.anomaly_topic = anomaly_topic
         self.changelog_topic = changelog_topic
@@ -187,7 +195,7 @@ class AnomalyDetector(ConsumerLoop):
         """The stage-1 window state of each owned source partition."""
         return self.windows.states
 
-    def assigned_partitions(self) -> list[tuple[str, int]]:
+    def assignment(self) -> list[tuple[str, int]]:
         """``(topic, partition)`` of every partition whose state this detector holds."""
         owned = [(self.source_topic, p) for p in list(self.states)]
         return owned + [(self.partials_topic, p) for p in list(self.merger.states)]
@@ -197,6 +205,14 @@ class AnomalyDetector(ConsumerLoop):
     def stop(self) -> None:
         """Ask :meth:`run` to checkpoint and return (thread-safe)."""
         self._stop.set()
+
+    async def serve(self) -> None:
+        """:meth:`run` on a thread of its own, for the worker's own-consumer service."""
+        await in_thread(self.run, "anomaly-detector")
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once assigned: a restored partition is consumed from its snapshot's offset."""
+        return True, ""
 
     def _producer_config(self) -> dict[str, Any]:
         return producer_config(
@@ -214,15 +230,12 @@ class AnomalyDetector(ConsumerLoop):
         """Consume until :meth:`stop`; checkpoint and leave the group on the way out."""
         raise_gen0_threshold(self.anomaly_settings.gc_gen0_threshold)
         settings = self.settings
-        ensure_state_topic(
-            settings, ANOMALY_WINDOW_CHANGELOG, topic=self.changelog_topic, partitions=self.partitions
-        )
-        ensure_state_topic(
-            settings, ANOMALY_WINDOW_PARTIALS, topic=self.partials_topic, partitions=self.buckets
-        )
-        ensure_state_topic(
-            settings, ANOMALY_MERGE_CHANGELOG, topic=self.merge_changelog_topic, partitions=self.buckets
-        )
+        for spec, name, partitions in (
+            (ANOMALY_WINDOW_CHANGELOG, self.changelog_topic, self.partitions),
+            (ANOMALY_WINDOW_PARTIALS, self.partials_topic, self.buckets),
+            (ANOMALY_MERGE_CHANGELOG, self.merge_changelog_topic, self.buckets),
+        ):
+            ensure_state_topic(settings, replace(spec, name=name, partitions=partitions))
         self._store = WindowStore(Path(self.state_dir))
         self._producer = Producer(self._producer_config())
         consumer = self._consumer = self.open()

@@ -25,7 +25,8 @@ import orjson
 
 from app.playback.anomaly.baselines import Baseline, update_baseline
 from app.playback.anomaly.partials import Partial
-from app.playback.anomaly.rules import Finding, RuleConfig, WindowAgg, evaluate_window
+from app.playback.anomaly.rules import Finding, WindowAgg, evaluate_window
+from app.playback.anomaly.settings import AnomalyRuleSettings
 
 __all__ = ["MERGE_SNAPSHOT_VERSION", "ClosedWindow", "MergeState", "Merger"]
 
@@ -104,7 +105,7 @@ class MergeState:
 class Merger:
     """The stage-2 states of the partials partitions a detector owns."""
 
-    def __init__(self, rules: RuleConfig, *, sources: int) -> None:
+    def __init__(self, rules: AnomalyRuleSettings, *, sources: int) -> None:
         self.rules = rules
         #: Partition count of the source topic: the marks a window needs to be complete.
         self.sources = sources

@@ -6,7 +6,7 @@ code, per (code, node), per (code, user) and the per-event rule hits). When the 
 built from the windows before it and returns :class:`Finding` s;
 :func:`~app.playback.anomaly.baselines.update_baseline` then folds the window into the baseline.
 
-Rules (thresholds in :class:`RuleConfig`):
+Rules (thresholds in :class:`~app.playback.anomaly.settings.AnomalyRuleSettings`):
 
 ``traffic_spike``
     a code's count >= ``spike_factor`` x its baseline (EWMA of its previous window counts) and
@@ -39,13 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from app.playback.anomaly.baselines import SEP, Baseline, split_key
+from app.playback.anomaly.settings import AnomalyRuleSettings
 from schemas.system import AnomalyDetected
 from schemas.types import AnomalyRule
 
 __all__ = [
     "ANOMALY_NAMESPACE",
     "Finding",
-    "RuleConfig",
     "WindowAgg",
     "anomaly_id",
     "evaluate_window",
@@ -57,31 +57,6 @@ __all__ = [
 ANOMALY_NAMESPACE: Final = uuid.UUID("0b6f2a53-2f41-5c8e-b0a7-6a3d9c1e4f27")
 _ZEROS: Final = frozenset({"0.00", "0", "0.0", 0})
 _DAY: Final = 24 * 3600
-
-
-def _default_max_duration() -> dict[str, int]:
-    return {"play": _DAY, "complete": _DAY, "purchase": _DAY}
-
-
-@dataclass(frozen=True, slots=True)
-class RuleConfig:
-    """Thresholds of the rules (see the module docstring)."""
-
-    window_ms: int = 60_000
-    ewma_alpha: float = 0.3
-    min_history_windows: int = 3
-    spike_factor: float = 5.0
-    spike_min_count: int = 100
-    replay_min_count: int = 30
-    share_jump: float = 0.3
-    share_min_count: int = 200
-    max_duration_sec: Mapping[str, int] = field(default_factory=_default_max_duration)
-    purchase_min_cny: float = 0.01
-    purchase_max_cny: float = 10_000.0
-    #: Baseline entries whose EWMA decays below this are dropped (keeps baselines bounded).
-    baseline_floor: float = 0.05
-    #: Most codes a (partial) baseline keeps; the smallest are dropped beyond it.
-    baseline_max_codes: int = 200_000
 
 
 class WindowAgg:
@@ -101,7 +76,7 @@ class WindowAgg:
 
     def add(
         self,
-        cfg: RuleConfig,
+        cfg: AnomalyRuleSettings,
         code: str,
         node: str,
         user: str,
@@ -232,14 +207,14 @@ def anomaly_id(rule: str, key: str, window_start_ms: int) -> uuid.UUID:
     return uuid.uuid5(ANOMALY_NAMESPACE, f"{rule}|{key}|{window_start_ms}")
 
 
-def _history(baseline: Baseline, code: str, cfg: RuleConfig) -> float | None:
+def _history(baseline: Baseline, code: str, cfg: AnomalyRuleSettings) -> float | None:
     entry = baseline.codes.get(code)
     if entry is None or entry[1] < cfg.min_history_windows:
         return None
     return entry[0]
 
 
-def evaluate_window(agg: WindowAgg, baseline: Baseline, cfg: RuleConfig) -> list[Finding]:
+def evaluate_window(agg: WindowAgg, baseline: Baseline, cfg: AnomalyRuleSettings) -> list[Finding]:
     """The findings of a closed window against the baseline of the windows before it (pure)."""
     findings: list[Finding] = []
     window_s = cfg.window_ms // 1000

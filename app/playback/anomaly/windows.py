@@ -32,7 +32,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.playback.anomaly.rules import RuleConfig, WindowAgg
+from app.playback.anomaly.rules import WindowAgg
+from app.playback.anomaly.settings import AnomalyRuleSettings
 
 __all__ = [
     "SNAPSHOT_VERSION",
@@ -131,7 +132,7 @@ class PartitionClose:
 class Windows:
     """The open windows, baselines and watermarks of the partitions a detector owns."""
 
-    def __init__(self, rules: RuleConfig, *, lateness_windows: int, max_future_ms: int) -> None:
+    def __init__(self, rules: AnomalyRuleSettings, *, lateness_windows: int, max_future_ms: int) -> None:
         self.rules = rules
         self.lateness_windows = lateness_windows
         self.max_future_ms = max_future_ms

@@ -11,22 +11,17 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import PLAYBACK_EVENTS
 from app.platform.http.auth import NonceCache, RequestRefused, authenticate
+from app.platform.http.batch_body import parse_items
 from app.platform.http.nonces import NonceStore
 from app.platform.http.responses import json_error, json_response
 from app.platform.kafka.producers import EventProducer
 from app.platform.metrics import INGEST_ITEMS
 from app.platform.settings import Settings
 from app.platform.topics import PLAYBACK_EVENT
-from app.playback.gateway.ingest import (
-    QUEUE_FULL,
-    BatchError,
-    GatewaySettings,
-    admit,
-    parse_items,
-    playback_producer,
-)
+from app.playback.api import PLAYBACK_EVENTS
+from app.playback.gateway.ingest import QUEUE_FULL, admit, playback_producer
+from app.playback.gateway.settings import GatewaySettings, get_gateway_settings
 
 __all__ = ["ROUTE", "PlaybackIngest"]
 
@@ -49,8 +44,8 @@ class PlaybackIngest:
         nonces: NonceStore | NonceCache | None = None,
     ) -> None:
         self.settings = settings
-        self.limits = limits if limits is not None else GatewaySettings()
-        self.topic = topic or self.limits.topic or PLAYBACK_EVENT.name
+        self.limits = limits if limits is not None else get_gateway_settings()
+        self.topic = topic or PLAYBACK_EVENT.name
         self.nonces = nonces
         self._producer = producer
 
@@ -78,14 +73,11 @@ class PlaybackIngest:
                 max_body_bytes=limits.max_body_bytes,
                 nonces=self.nonces,
             )
-        except RequestRefused as exc:
-            return exc.response()
-        try:
             # no Content-Type at all: JSON (aiohttp would report application/octet-stream)
             content_type = request.content_type if "Content-Type" in request.headers else ""
             items, errors = parse_items(signed.body, content_type, limits.max_items)
-        except BatchError as exc:
-            return json_error(exc.status, str(exc), reason=exc.reason, **exc.details)
+        except RequestRefused as exc:  # the body's BatchError too
+            return exc.response()
         producer = self.producer
         if producer.queue_length() + len(items) > limits.max_queue:
             INGEST_ITEMS.labels("throttled").inc(len(items))

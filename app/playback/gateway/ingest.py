@@ -1,7 +1,7 @@
 """Playback ingest: a partner's batch body -> validated events -> framed envelopes on the topic.
 
-A batch is a JSON array (``application/json``) or NDJSON (``application/x-ndjson``, one object
-per non-empty line). Items are validated in chunks of :data:`CHUNK` by the sink's columnar check
+A batch is a JSON array or NDJSON, read by :mod:`app.platform.http.batch_body`. Items are
+validated in chunks of :data:`CHUNK` by the sink's columnar check
 (:func:`app.playback.sink.checks.payload_columns`, strict JSON types, a few C-level passes per
 column); a chunk it cannot prove valid as a whole is validated item by item against
 :class:`schemas.playback.PlaybackEvent`, which also writes the per-item error answers. Valid
@@ -19,7 +19,6 @@ a retried item still lands on the partition of its first copy.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -28,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ValidationError
 
 from app.platform.groups import group_spec
 from app.platform.kafka.clients import verified_producer
@@ -43,15 +41,11 @@ from schemas.violations import to_schema_violation
 
 __all__ = [
     "EVENT_ID_NAMESPACE",
-    "NDJSON",
     "QUEUE_FULL",
     "Admission",
-    "BatchError",
-    "GatewaySettings",
     "admit",
     "envelope_bytes",
     "event_id_for",
-    "parse_items",
     "playback_producer",
     "random_event_id",
     "uuid4_texts",
@@ -59,56 +53,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-NDJSON: Final = "application/x-ndjson"
 SOURCE: Final = group_spec("gateway").source
 #: Namespace of name-based playback event ids: uuid5(NAMESPACE, "<platform_node>:<idempotency_id>").
 EVENT_ID_NAMESPACE: Final = uuid.UUID("5d0c4c36-8f0e-5b5e-9a51-7f3b1c2a6e10")
 #: The error of every item not produced because the producer queue was full.
 QUEUE_FULL: Final = "producer queue full, retry later"
-#: Commas one valid item brings to an array body (6 between its 7 fields, 1 after it).
-VALUES_PER_ITEM: Final = 7
 #: Items validated together by the columnar check: one invalid item sends only its chunk to
 #: the per-item path.
 CHUNK: Final = 256
-
-
-class GatewaySettings(BaseSettings):
-    """Limits of the playback gateway. Each field maps to ``AVCC_GATEWAY_<FIELD>``."""
-
-    model_config = SettingsConfigDict(env_prefix="AVCC_GATEWAY_", frozen=True, extra="ignore")
-
-    max_items: int = Field(default=5_000, ge=1, description="Most items per batch (more: 413).")
-    max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="Largest request body in bytes (more: 413)."
-    )
-    max_queue: int = Field(
-        default=100_000,
-        ge=1,
-        description="Producer queue depth (messages) above which batches get 429; keep it below "
-        "the playback profile's queue.buffering.max.messages (200k).",
-    )
-    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 answer.")
-    topic: str | None = Field(default=None, description="Topic override (bench/tests; default: the plan's).")
-
-
-class BatchError(Exception):
-    """The body cannot be read as a batch (400/413/415); ``status`` and ``reason`` say why."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        #: More fields of the JSON answer.
-        self.details: dict[str, Any] = {}
-
-
-class TooManyItems(BatchError):
-    """More items than ``AVCC_GATEWAY_MAX_ITEMS`` (413): split the batch."""
-
-    def __init__(self, count: int | None, limit: int) -> None:
-        counted = f"{count} items" if count is not None else f"more than {limit} items"
-        super().__init__(413, "too_many_items", f"batch has {counted}; the limit is {limit}")
-        self.details = {"limit_items": limit}
 
 
 def playback_producer(settings: Settings) -> EventProducer:
@@ -167,103 +119,6 @@ def envelope_bytes(event: PlaybackEvent, event_id: str, timestamp_ms: int) -> by
     return orjson.dumps(
         {"event_id": event_id, "timestamp": timestamp_ms, "source": SOURCE, "payload": payload}
     )
-
-
-def parse_items(
-    body: bytes, content_type: str, max_items: int = 1_000_000
-) -> tuple[list[Any], dict[int, str]]:
-    """The batch items and the per-index errors of NDJSON lines that are not JSON.
-
-    The item cap is enforced while reading, before the items past it are parsed, so a body of
-    millions of tiny or broken items costs no more than ``max_items`` of them. Raises
-    :class:`BatchError` for an unsupported content type, a body that is not a JSON array (JSON),
-    an empty batch and :class:`TooManyItems`.
-    """
-    if content_type == NDJSON:
-        items, errors = _ndjson_items(body, max_items)
-    elif content_type in {"application/json", ""}:
-        items, errors = _array_items(body, max_items), {}
-    else:
-        raise BatchError(415, "unsupported_media_type", f"Content-Type must be application/json or {NDJSON}")
-    if not items:
-        raise BatchError(400, "empty_batch", "body: the batch has no items")
-    return items, errors
-
-
-def _ndjson_items(body: bytes, max_items: int) -> tuple[list[Any], dict[int, str]]:
-    lines = [line for line in body.split(b"\n") if line.strip()]
-    if len(lines) > max_items:
-        raise TooManyItems(len(lines), max_items)
-    items: list[Any] = []
-    errors: dict[int, str] = {}
-    for index, line in enumerate(lines):
-        try:
-            items.append(orjson.loads(line))
-        except orjson.JSONDecodeError as exc:
-            errors[index] = f"<root>: malformed JSON ({' '.join(str(exc).split())})"
-            items.append(None)
-    return items, errors
-
-
-def _malformed(detail: object) -> BatchError:
-    return BatchError(400, "malformed_json", f"body: malformed JSON ({detail})")
-
-
-def _array_items(body: bytes, max_items: int) -> list[Any]:
-    """The items of a JSON array body, at most ``max_items`` of them parsed.
-
-    The commas of a body bound the JSON values in it (each value but the first follows a
-    comma), so a body with fewer than :data:`VALUES_PER_ITEM` commas per allowed item - every
-    batch of valid items within the cap - is parsed at once by orjson, whatever it holds, at a
-    bounded cost. Otherwise the array is decoded one item at a time and refused as soon as the
-    cap is passed.
-    """
-    if body.count(b",") < max_items * VALUES_PER_ITEM:
-        try:
-            decoded = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise _malformed(exc) from exc
-        if not isinstance(decoded, list):
-            raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
-        if len(decoded) > max_items:
-            raise TooManyItems(len(decoded), max_items)
-        return decoded
-    try:
-        text = body.decode()
-    except UnicodeDecodeError as exc:
-        raise _malformed(exc) from exc
-    decoder = json.JSONDecoder(parse_constant=_refuse_constant)
-    position = _skip_space(text, 0)
-    if not text.startswith("[", position):
-        raise BatchError(400, "not_an_array", "body: must be a JSON array of playback events")
-    position = _skip_space(text, position + 1)
-    items: list[Any] = []
-    try:
-        while not text.startswith("]", position):
-            if items:
-                if not text.startswith(",", position):
-                    raise _malformed(f"expected ',' or ']' at character {position}")
-                position = _skip_space(text, position + 1)
-            item, position = decoder.raw_decode(text, position)
-            items.append(item)
-            if len(items) > max_items:
-                raise TooManyItems(None, max_items)
-            position = _skip_space(text, position)
-    except json.JSONDecodeError as exc:
-        raise _malformed(exc) from exc
-    if _skip_space(text, position + 1) != len(text):
-        raise _malformed(f"data after the array at character {position + 1}")
-    return items
-
-
-def _skip_space(text: str, position: int) -> int:
-    while position < len(text) and text[position] in " \t\r\n":
-        position += 1
-    return position
-
-
-def _refuse_constant(name: str) -> Any:
-    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
 @dataclass(slots=True)

@@ -21,16 +21,16 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from app.platform.errors import NON_RETRIABLE
 from app.platform.metrics import PROCESSING_SECONDS, SINK_PENDING_MESSAGES
+from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
 from app.playback.sink.checks import ParsedPlayback, parse_playback, playback_row
 from app.playback.sink.columns import AnomalyColumns, PlaybackColumns
-from app.playback.sink.config import SinkTopics
 from app.playback.sink.dlq import DeadLetter, dead_letter
 from app.playback.sink.store import ANOMALY_INSERT_COLUMNS, PLAYBACK_INSERT_COLUMNS, PLAYBACK_TABLE
 from schemas.envelope import decode_as
 from schemas.playback import PlaybackEvent
 from schemas.system import AnomalyDetected
 
-__all__ = ["DECODE_CHUNK", "GROUP", "BatchAssembly", "SinkBatch", "SinkStats"]
+__all__ = ["DECODE_CHUNK", "GROUP", "BatchAssembly", "SinkBatch", "SinkStats", "SinkTopics"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,15 @@ log = logging.getLogger(__name__)
 GROUP: Final = "sink"
 #: Playback messages decoded and checked together (see :meth:`BatchAssembly.add_playback`).
 DECODE_CHUNK: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class SinkTopics:
+    """Topics the sink reads (playback, anomaly) and dead-letters to."""
+
+    playback: str = PLAYBACK_EVENT.name
+    anomaly: str = ANOMALY.name
+    dlq: str = DLQ.name
 
 
 @dataclass(slots=True)

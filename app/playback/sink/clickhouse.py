@@ -164,7 +164,6 @@ class DriverBackend:
         self._client = Client(host, database=database, **options)
         self._dedup_token: bool | None = None
         self._database_ready = False
-        self.server_version: tuple[int, ...] = ()
 
     # The whole connection setup runs under the lock, once per process (and again after a
     # failed first attempt).
@@ -179,7 +178,6 @@ class DriverBackend:
             "(SELECT count() FROM system.settings WHERE name = 'insert_deduplication_token')"
         )
         version_text, has_token = rows[0]
-        self.server_version = tuple(int(part) for part in str(version_text).split(".") if part.isdigit())
         self._dedup_token = bool(has_token)
         self._database_ready = True
         log.info(
@@ -297,10 +295,7 @@ class ChdbBackend:
             "(SELECT count() FROM system.settings WHERE name = 'optimize_on_insert')",
             None,
         )
-        version_text, has_token, has_optimize = rows[0]
-        self.server_version: tuple[int, ...] = tuple(
-            int(part) for part in str(version_text).split(".") if part.isdigit()
-        )
+        _, has_token, has_optimize = rows[0]
         self._dedup_token = bool(int(has_token))
         # Inserts skip the in-block replacing merge (``optimize_on_insert``, ~40% of chDB's insert
         # CPU): blocks are deduplicated by the caller, every query deduplicates by id and

@@ -51,11 +51,11 @@ from app.platform.metrics import (
     SINK_ROWS_WRITTEN,
 )
 from app.platform.settings import Settings
-from app.playback.sink.batch import GROUP, BatchAssembly, SinkBatch, SinkStats
+from app.playback.sink.batch import GROUP, BatchAssembly, SinkBatch, SinkStats, SinkTopics
 from app.playback.sink.clickhouse import ClickHouseBackend
 from app.playback.sink.columns import PlaybackColumns
-from app.playback.sink.config import SinkConfig, SinkTopics
 from app.playback.sink.dlq import DeadLetterSender
+from app.playback.sink.settings import SinkSettings, get_sink_settings
 from app.playback.sink.store import ANOMALY_TABLE, PLAYBACK_TABLE, ensure_schema
 
 __all__ = ["CLIENT_ID", "SinkLoop", "sink_consumer_config"]
@@ -93,15 +93,15 @@ class SinkLoop(ConsumerLoop):
         backend: ClickHouseBackend,
         dead_letter: DeadLetterSender,
         *,
-        config: SinkConfig | None = None,
+        config: SinkSettings | None = None,
         topics: SinkTopics | None = None,
         group_id: str | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
-        self.sink_config = config if config is not None else SinkConfig()
-        self.sink_topics = topics if topics is not None else SinkTopics.from_config(self.sink_config)
-        self.group_id = group_id or self.sink_config.group_id or consumer_group_id(GROUP)
+        self.sink_config = config if config is not None else get_sink_settings()
+        self.sink_topics = topics if topics is not None else SinkTopics()
+        self.group_id = group_id or consumer_group_id(GROUP)
         super().__init__(
             sink_consumer_config(settings, self.group_id),
             [self.sink_topics.playback, self.sink_topics.anomaly],

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import main
+from app.contract_docs.check import check_against
+from app.contract_docs.compat import Break, compare_documents, compare_sets
+from app.contract_docs.generate import JSON_DIR, ROOT
+from app.contract_docs.json_schemas import ENVELOPE_FILE, json_schema_files, payload_file
 from app.platform import topics
-from app.platform.contract_docs.check import check_against
-from app.platform.contract_docs.compat import Break, compare_documents, compare_sets
-from app.platform.contract_docs.generate import JSON_DIR, ROOT
-from app.platform.contract_docs.json_schemas import ENVELOPE_FILE, json_schema_files, payload_file
 
 APPLY = payload_file(topics.APPLY_CREATED.name)
 REVIEW = payload_file(topics.REVIEW_TASK_FINISHED.name)

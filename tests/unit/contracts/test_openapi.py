@@ -9,7 +9,7 @@ import yaml
 from openapi_spec_validator import validate
 
 from app.api import OPERATIONS, partner_document
-from app.platform.contract_docs.generate import OPENAPI_FILE, ROOT, stale_files
+from app.contract_docs.generate import OPENAPI_FILE, ROOT, stale_files
 from app.platform.credentials import ALL_SCOPES
 from app.platform.http.openapi import install_openapi, route, worker_document
 from app.platform.http.operators import is_open_route
@@ -22,7 +22,7 @@ def test_the_partner_document_is_valid_openapi_3_1() -> None:
 
 
 def test_the_committed_partner_document_is_fresh() -> None:
-    assert OPENAPI_FILE not in stale_files(), "run: python -m app.platform.contract_docs"
+    assert OPENAPI_FILE not in stale_files(), "run: python -m app.contract_docs"
 
 
 def test_every_partner_operation_is_signed_with_a_scope_and_every_scope_is_used() -> None:

@@ -18,11 +18,11 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator, ValidationError
 
+from app.contract_docs.asyncapi import build_asyncapi, channel_id
+from app.contract_docs.examples import load_examples
+from app.contract_docs.generate import ASYNCAPI_FILE, JSON_DIR, ROOT, stale_files
+from app.contract_docs.json_schemas import ENVELOPE_FILE, json_schema_files, payload_file
 from app.platform import topics
-from app.platform.contract_docs.asyncapi import build_asyncapi, channel_id
-from app.platform.contract_docs.examples import load_examples
-from app.platform.contract_docs.generate import ASYNCAPI_FILE, JSON_DIR, ROOT, stale_files
-from app.platform.contract_docs.json_schemas import ENVELOPE_FILE, json_schema_files, payload_file
 from app.platform.contracts import PAYLOAD_MODELS, decode_event
 from app.platform.errors import SchemaViolation
 from app.platform.flows import TOPIC_FLOWS
@@ -80,7 +80,7 @@ def json_schema_fields(topic: str, event: Any) -> set[str]:
 
 
 def test_generated_files_are_fresh() -> None:
-    assert stale_files() == [], "run `python -m app.platform.contract_docs` and commit the result"
+    assert stale_files() == [], "run `python -m app.contract_docs` and commit the result"
 
 
 def test_one_schema_per_payload_topic_and_the_envelope() -> None:

@@ -31,8 +31,8 @@ import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
-from app.platform.contract_docs.generate import JSON_DIR, ROOT
-from app.platform.contract_docs.json_schemas import ENVELOPE_FILE, payload_file
+from app.contract_docs.generate import JSON_DIR, ROOT
+from app.contract_docs.json_schemas import ENVELOPE_FILE, payload_file
 from app.platform.contracts import PAYLOAD_MODELS, decode_event
 from app.platform.errors import SchemaViolation, UndecodableMessage
 from tests.conftest import in_ci

@@ -13,10 +13,10 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from app.lifecycle.code import bulk as bulk_module
 from app.lifecycle.code.bulk import THROTTLED, BatchOutcome, PendingClaims, claim_batch, read_batch
+from app.platform.http.batch_body import NDJSON, BatchError
 from app.platform.http.responses import BadRequest, parse_body
 from app.platform.kafka.partitioner import partition_for
 from app.platform.topics import CODE_CLAIMS
-from app.playback.gateway.ingest import NDJSON, BatchError
 from schemas.application import ApplicationRequest
 
 
@@ -34,10 +34,16 @@ def item(i: int, **changes: Any) -> dict[str, Any]:
 
 
 def single_route_400(raw: bytes) -> dict[str, Any]:
-    """What ``POST /v1/avcc/applications`` answers for this body (error and fields)."""
+    """What ``POST /v1/avcc/applications`` answers for this body (error, reason and fields)."""
     with pytest.raises(BadRequest) as refused:
         parse_body(ApplicationRequest, raw)
-    return {"error": str(refused.value), "fields": list(refused.value.fields)}
+    answer = orjson.loads(refused.value.response().body)  # type: ignore[arg-type]
+    assert answer == {
+        "error": str(refused.value),
+        "reason": refused.value.reason,
+        "fields": list(refused.value.fields),
+    }
+    return dict(answer)
 
 
 def test_array_items_are_validated_one_by_one_with_the_single_route_errors() -> None:
@@ -62,6 +68,7 @@ def test_ndjson_lines_index_the_non_empty_lines_and_malformed_ones_name_the_body
     assert [(i, a.request_id) for i, a in valid] == [(0, "req_0"), (2, "req_2")]
     assert refused[1]["http_status"] == 400
     assert refused[1]["error"].startswith("body: malformed JSON")
+    assert refused[1]["reason"] == "malformed_json"
     assert refused[1]["fields"] == ["body"]
 
 
@@ -130,6 +137,7 @@ def test_claims_are_asked_once_per_partition_and_answered_per_item_in_index_orde
         "avcc_record_id": 77,
         "status": "conflict",
         "error": "content_hash already registered",
+        "reason": "content_hash_taken",
         "existing_request_id": "req_other",
     }
     assert [a["http_status"] for a in outcome.items] == [202, 400, 409, 429, 202, 429]

@@ -65,6 +65,7 @@ def test_same_request_gets_its_record_another_a_conflict() -> None:
         "avcc_record_id": 10_066,
         "status": "conflict",
         "error": "content_hash already registered",
+        "reason": "content_hash_taken",
         "existing_request_id": "req_1",
     }
     assert application_answer("req_1", same.as_reply()) == (

@@ -25,7 +25,6 @@ from app.lifecycle.chain.ledger import (
     verify_ledger_cli,
 )
 from app.platform.errors import LockConflict, SchemaViolation
-from schemas.chain import ChainTxPending
 from schemas.types import ADDRESS_PATTERN, TX_HASH_PATTERN
 
 H = "sha256:" + "1f" * 32
@@ -172,26 +171,6 @@ async def test_non_json_body_refused(path: Path) -> None:
     with pytest.raises(SchemaViolation):
         await ledger.submit(PendingTx("k", "copyright_main", 1, {"x": object()}))
     await ledger.aclose()
-
-
-def test_from_message() -> None:
-    message = ChainTxPending.model_validate(
-        {
-            "avcc_record_id": 10042,
-            "chain_type": "copyright_main",
-            "idempotency_key": "idem-1",
-            "request_id": "req-1",
-            "evidence": {
-                "content_hash": H,
-                "report_hash": H,
-                "final_level": "O",
-                "review_report_id": 5001,
-            },
-        }
-    )
-    pending = PendingTx.from_message(message)
-    assert pending.body["final_level"] == "O"
-    assert (pending.idempotency_key, pending.chain_type) == ("idem-1", "copyright_main")
 
 
 def test_merkle_root() -> None:

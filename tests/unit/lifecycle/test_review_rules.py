@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lifecycle.review.rules import RULE_VERSION, ReviewConfig, report_hash, review_application
+from app.lifecycle.review.rules import RULE_VERSION, report_hash, review_application
+from app.lifecycle.review.settings import ReviewSettings
 from app.platform.errors import ConfigurationError, SchemaViolation
 from schemas.apply import ApplyCreated
 from tests.unit.lifecycle.applications import application_fields as payload
@@ -91,13 +92,13 @@ def test_invalid_payload_is_schema_violation() -> None:
 
 def test_bad_config_refused() -> None:
     with pytest.raises(ConfigurationError):
-        ReviewConfig(approve_threshold=50, human_threshold=70)
+        ReviewSettings(approve_threshold=50, human_threshold=70)
     with pytest.raises(ConfigurationError):
-        ReviewConfig(weights={"model_trust": 100.0})
+        ReviewSettings(weights={"model_trust": 100.0})
 
 
 def test_custom_registry() -> None:
-    cfg = ReviewConfig(registry={"homebrew-gan": 0.95})
+    cfg = ReviewSettings(registry={"homebrew-gan": 0.95})
     out = review_application(payload(tool={"model_name": "homebrew-gan"}), cfg)
     assert out.final_level == "O"
 

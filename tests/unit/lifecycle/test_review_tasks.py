@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from app.lifecycle.review.rules import ReviewConfig
+from app.lifecycle.review.settings import ReviewSettings
 from app.lifecycle.review.tasks import EVENT_NS, ReviewTask, human_decided, is_duplicate, review_created
 from app.platform.errors import BusinessRuleViolation
 from app.platform.topics import REVIEW_TASK_FINISHED
@@ -16,7 +16,7 @@ from schemas.envelope import Envelope, make_envelope
 from schemas.review import ReviewTaskFinished
 from tests.unit.lifecycle.applications import applied
 
-CONFIG = ReviewConfig()
+CONFIG = ReviewSettings()
 
 
 def decided(decision: str = "approve") -> Envelope[HumanDecision]:

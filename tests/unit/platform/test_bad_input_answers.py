@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from app.platform.faust.readiness import WorkerState, readiness
 from app.platform.http.auth import sign_request
-from app.platform.http.routing import RecordRequest, record_request
-from app.platform.http.views import WorkerState, readiness
+from app.platform.http.routing import OwnerRouting, RecordRequest
 from app.platform.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -20,9 +20,8 @@ SETTINGS = Settings(hmac_keys={"partner": "partner-secret"}, dev_mode=False)
 
 
 async def _record(request: web.Request) -> web.Response:
-    parsed = await record_request(
-        request, request.match_info["avcc_record_id"], SETTINGS, scope="records:read"
-    )
+    owners = OwnerRouting(SimpleNamespace(), SimpleNamespace(), SETTINGS)
+    parsed = await owners.record_request(request, request.match_info["avcc_record_id"], scope="records:read")
     if isinstance(parsed, web.Response):
         return parsed
     assert isinstance(parsed, RecordRequest)

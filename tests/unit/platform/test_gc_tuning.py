@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from app.platform.gc_tuning import raise_gen0_threshold
-from app.playback.anomaly.config import AnomalySettings
-from app.playback.sink.config import SinkConfig
+from app.playback.anomaly.settings import AnomalySettings
+from app.playback.sink.settings import SinkSettings
 
 
 @pytest.fixture(autouse=True)
@@ -34,4 +34,4 @@ def test_a_lower_threshold_never_lowers_it_and_zero_leaves_it() -> None:
 
 def test_both_batch_loops_raise_it_by_default() -> None:
     assert AnomalySettings().gc_gen0_threshold > 700
-    assert SinkConfig().gc_gen0_threshold > 700
+    assert SinkSettings().gc_gen0_threshold > 700

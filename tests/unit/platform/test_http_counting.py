@@ -9,8 +9,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from app.platform.http.counting import count_requests
+from app.platform.http.peers import PEER_HEADER
 from app.platform.http.responses import json_error, json_response
-from app.platform.http.routing import FORWARD_HEADER
 from app.platform.metrics import REGISTRY
 
 DETAIL = r"/items/{item_id:\d+}"
@@ -73,5 +73,5 @@ async def test_skips_probes_unmatched_paths_and_peer_forwards(
     before = [count("/metrics", "GET", "200"), count(DETAIL, "GET", "200")]
     assert (await client.get("/metrics")).status == 200
     assert (await client.get("/nowhere")).status == 404
-    assert (await client.get("/items/3", headers={FORWARD_HEADER: "token"})).status == 200
+    assert (await client.get("/items/3", headers={PEER_HEADER: "signature"})).status == 200
     assert [count("/metrics", "GET", "200"), count(DETAIL, "GET", "200")] == before

@@ -68,7 +68,7 @@ def test_an_acl_refusal_at_start_becomes_a_clear_exit() -> None:
 
 def test_a_broker_that_never_answers_ends_the_wait_with_its_own_status() -> None:
     from app.platform.kafka.access import EXIT_KAFKA_UNAVAILABLE, KafkaAccessRefused, _connected_admin
-    from app.servers.process import free_port
+    from testing.ports import free_port
 
     settings = Settings(kafka_url=f"kafka://127.0.0.1:{free_port()}")  # nothing listens there
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.platform.kafka.tls_probe import listener_speaks_tls
-from app.servers.tls import CertificateAuthority
+from testing.tls import CertificateAuthority
 
 
 def _serve(handle: Callable[[socket.socket], None]) -> Iterator[str]:

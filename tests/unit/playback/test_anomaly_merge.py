@@ -9,11 +9,12 @@ from typing import Any
 
 from app.playback.anomaly.merge import ClosedWindow, Merger, MergeState
 from app.playback.anomaly.partials import bucket_of, decode_partial, encode_partials, split_window
-from app.playback.anomaly.rules import RuleConfig, WindowAgg
+from app.playback.anomaly.rules import WindowAgg
+from app.playback.anomaly.settings import AnomalyRuleSettings
 from app.playback.anomaly.windows import PartitionState, Windows
 from tests.unit.playback.test_anomaly_windows import NOW, T0, W, envelope
 
-CFG = RuleConfig(window_ms=W, spike_min_count=100, replay_min_count=30, share_min_count=100)
+CFG = AnomalyRuleSettings(window_s=W // 1000, spike_min_count=100, replay_min_count=30, share_min_count=100)
 SOURCES = 24
 BUCKETS = 12
 
@@ -110,7 +111,7 @@ def test_partials_record_round_trip_keeps_single_pairs() -> None:
 
 def test_a_window_is_evaluated_once_every_source_partition_closed_it_and_duplicates_merge_once() -> None:
     sources = 3
-    merger = Merger(RuleConfig(window_ms=W, replay_min_count=6), sources=sources)
+    merger = Merger(AnomalyRuleSettings(window_s=W // 1000, replay_min_count=6), sources=sources)
     merger.adopt({0: MergeState(0)})
     replayer = "sha256:" + "cd" * 32
     records = []

@@ -12,13 +12,13 @@ from app.playback.anomaly.baselines import Baseline, update_baseline
 from app.playback.anomaly.rules import (
     ANOMALY_NAMESPACE,
     Finding,
-    RuleConfig,
     WindowAgg,
     anomaly_id,
     evaluate_window,
     merge_windows,
     to_anomaly,
 )
+from app.playback.anomaly.settings import AnomalyRuleSettings
 from app.playback.anomaly.windows import PartitionState
 
 W = 60_000
@@ -65,10 +65,10 @@ class Traffic:
         return [self._item(start + i * span // count, code_index, user_hash(10**6)) for i in range(count)]
 
 
-CFG = RuleConfig(window_ms=W, spike_min_count=100, replay_min_count=30, share_min_count=100)
+CFG = AnomalyRuleSettings(window_s=W // 1000, spike_min_count=100, replay_min_count=30, share_min_count=100)
 
 
-def window(items: list[Item], cfg: RuleConfig = CFG) -> WindowAgg:
+def window(items: list[Item], cfg: AnomalyRuleSettings = CFG) -> WindowAgg:
     agg = WindowAgg()
     for _, p in items:
         agg.add(
@@ -126,7 +126,7 @@ def test_spike_needs_history_and_minimum_count() -> None:
     young = history(traffic, windows=2)  # fewer than min_history_windows
     items = list(traffic.uniform(3000, 2 * W, W)) + list(traffic.burst(1500, 2 * W, W, code_index=0))
     assert evaluate_window(window(items), young, CFG) == []
-    small = RuleConfig(window_ms=W, spike_min_count=10_000)
+    small = AnomalyRuleSettings(window_s=W // 1000, spike_min_count=10_000)
     baseline = history(traffic, windows=5)
     assert [
         f for f in evaluate_window(window(items, small), baseline, small) if f.rule == "traffic_spike"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from app.playback.anomaly.rules import RuleConfig
+from app.playback.anomaly.settings import AnomalyRuleSettings
 from app.playback.anomaly.windows import PartitionState, Windows
 
 W = 60_000
@@ -40,7 +40,7 @@ def events(closed: dict[int, Any]) -> dict[int, int]:
 def windows(*partitions: int, lateness_windows: int = 1, replay_min_count: int = 30) -> Windows:
     """Windows owning fresh states of ``partitions``."""
     owned = Windows(
-        RuleConfig(window_ms=W, replay_min_count=replay_min_count),
+        AnomalyRuleSettings(window_s=W // 1000, replay_min_count=replay_min_count),
         lateness_windows=lateness_windows,
         max_future_ms=600_000,
     )

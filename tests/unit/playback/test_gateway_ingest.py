@@ -10,16 +10,14 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from app.platform.http.batch_body import NDJSON, BatchError, parse_items
 from app.playback.gateway.ingest import (
     CHUNK,
     EVENT_ID_NAMESPACE,
-    NDJSON,
     QUEUE_FULL,
-    BatchError,
     admit,
     envelope_bytes,
     event_id_for,
-    parse_items,
     uuid4_texts,
 )
 from schemas.playback import PlaybackEvent

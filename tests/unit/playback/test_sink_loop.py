@@ -9,8 +9,9 @@ import orjson
 
 from app.platform.errors import DependencyUnavailable
 from app.platform.settings import Settings
-from app.playback.sink.config import SinkConfig, SinkTopics
+from app.playback.sink.batch import SinkTopics
 from app.playback.sink.loop import SinkLoop
+from app.playback.sink.settings import SinkSettings
 from tests.unit.playback.playback_documents import T0, event
 
 # --- the sink loop over the store (scripted consumer, no broker) -----------------------------------
@@ -100,7 +101,9 @@ def _sink_loop(consumer: FakeConsumer, backend: FlakyBackend, letters: list[Any]
         settings=Settings(),
         backend=backend,  # type: ignore[arg-type]
         dead_letter=letters.extend,
-        config=SinkConfig(batch_max_rows=4, batch_max_seconds=60, backoff_initial_s=0.01, backoff_max_s=0.02),
+        config=SinkSettings(
+            batch_max_rows=4, batch_max_seconds=60, backoff_initial_s=0.01, backoff_max_s=0.02
+        ),
         topics=SinkTopics("pb", "an", "dlq"),
         group_id="g",
     )

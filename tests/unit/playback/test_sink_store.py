@@ -23,10 +23,10 @@ from app.playback.sink.store import (
     list_anomalies,
     playback_stats,
 )
-from app.servers import free_port
 from schemas import AnomalyDetected, make_envelope
 from schemas.envelope import Envelope
 from schemas.types import MAX_EPOCH_MS
+from testing.ports import free_port
 from tests.unit.playback.playback_documents import T0, USER, event
 
 # --- row building --------------------------------------------------------------------------------

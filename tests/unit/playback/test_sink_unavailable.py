@@ -14,7 +14,7 @@ from app.platform.errors import ConfigurationError, DependencyTimeout
 from app.platform.redaction import redact_url
 from app.playback.sink.clickhouse import ClickHouseBackend, DriverBackend, connect
 from app.playback.sink.reports import StatsRequest, answer_report
-from app.servers.process import free_port
+from testing.ports import free_port
 
 
 async def test_report_answer_hides_the_unreachable_server(caplog: pytest.LogCaptureFixture) -> None:

@@ -12,8 +12,8 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from app.contract_docs.examples import load_examples
 from app.platform import topics
-from app.platform.contract_docs.examples import load_examples
 from app.platform.contracts import PAYLOAD_MODELS, decode_event, payload_model, validate_event
 from app.platform.errors import SchemaViolation, UndecodableMessage
 from schemas import (

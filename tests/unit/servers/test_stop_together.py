@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from app.servers.process import stop_together
+from testing.processes import stop_together
 
 
 class _Member:

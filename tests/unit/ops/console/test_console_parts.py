@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from app.api import TASKS
 from app.ops.console.charts import sparkline
 from app.ops.console.csrf import FormTokens
 from app.ops.console.pages import Overview, overview_html
 from app.ops.console.rates import OffsetHistory, rate_series
 from app.ops.console.settings import ConsoleSettings
 from app.ops.console.workbench import PAGE_SIZE, WorkbenchQuery, workbench_html
-from app.ops.lag.snapshot import LagSnapshot, PartitionOffsets
+from app.platform.lag.snapshot import LagSnapshot, PartitionOffsets
 from app.platform.metrics import TIME_TO_CODE_BUCKETS
 from app.platform.settings import Settings
 
@@ -190,7 +191,7 @@ def test_workbench_query_asks_the_review_workers_for_one_page() -> None:
         {"applicant": " applicant-7 ", "level": "P", "waiting": "1h", "after": "5:6", "bogus": "x"}
     )
     assert query == WorkbenchQuery("applicant-7", "P", "1h", "5:6")
-    assert query.tasks_path(now_ms=10_000_000) == (
+    assert query.tasks_path(TASKS.path, now_ms=10_000_000) == (
         f"/v1/review/tasks?status=need_human&limit={PAGE_SIZE}&applicant_id=applicant-7&final_level=P"
         "&created_before_ms=6400000&after=5:6"
     )
@@ -219,7 +220,7 @@ async def test_record_counts_come_from_a_replica_named_earlier_when_the_configur
     from aiohttp.test_utils import TestServer
 
     from app.ops.console.peers import PeerError, Peers
-    from app.servers import free_port
+    from testing.ports import free_port
 
     async def counts(request: web.Request) -> web.Response:
         return web.json_response({"counts": {"issued": 1}, "replicas": []})
@@ -236,4 +237,5 @@ async def test_record_counts_come_from_a_replica_named_earlier_when_the_configur
         with pytest.raises(PeerError, match="unreachable"):
             await peers.get_from_any("code", "/v1/avcc/record-counts", [])
     finally:
+        await peers.calls.close()
         await server.close()

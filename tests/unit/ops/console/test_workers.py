@@ -15,7 +15,7 @@ from app.ops.console.settings import ConsoleSettings
 from app.ops.console.workers import group_workers, workers_html
 from app.platform.groups import group_spec
 from app.platform.settings import Settings
-from app.servers.process import free_port_block
+from testing.ports import free_port_block
 
 RECOVERING = {
     "group": "code",

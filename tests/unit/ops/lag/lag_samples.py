@@ -7,7 +7,7 @@ from typing import Any
 
 from app.ops.lag.monitor import LagReport
 from app.ops.lag.settings import LagRule, LagSettings
-from app.ops.lag.snapshot import GroupState, LagSnapshot, PartitionOffsets
+from app.platform.lag.snapshot import GroupState, LagSnapshot, PartitionOffsets
 from app.platform.metrics import REGISTRY
 
 T0 = 1_700_000_000.0

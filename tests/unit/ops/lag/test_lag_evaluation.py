@@ -6,7 +6,7 @@ import pytest
 
 from app.ops.lag.monitor import LagEvaluator, LagReport
 from app.ops.lag.settings import LagSettings, default_rules
-from app.ops.lag.snapshot import BROKER_ERROR, LagSnapshot, PartitionOffsets
+from app.platform.lag.snapshot import BROKER_ERROR, LagSnapshot, PartitionOffsets
 from app.platform.topics import APPLY_CREATED, PLAYBACK_EVENT
 from tests.unit.ops.lag.lag_samples import GROUP, T0, config, kinds, one, rule, snap
 

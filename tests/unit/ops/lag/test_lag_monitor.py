@@ -14,8 +14,8 @@ from app.ops.lag import pages as lag_pages
 from app.ops.lag.lifecycle import AlertEvent, alertmanager_payload
 from app.ops.lag.monitor import LagEvaluator, LagMonitor
 from app.ops.lag.pages import format_lag_table, render_lag_html
-from app.ops.lag.reader import OffsetReader
-from app.ops.lag.snapshot import BROKER_ERROR, LagSnapshot
+from app.platform.lag.reader import OffsetReader
+from app.platform.lag.snapshot import BROKER_ERROR, LagSnapshot
 from app.platform.settings import Settings
 from tests.unit.ops.lag.lag_samples import GROUP, T0, TOPIC, config, one, rule, sample, snap
 
@@ -46,8 +46,9 @@ def test_alertmanager_payload_shape() -> None:
 
 
 class FakeReader:
-    def __init__(self, snapshots: list[LagSnapshot]) -> None:
+    def __init__(self, snapshots: list[LagSnapshot], request_timeout_s: float = 10.0) -> None:
         self.snapshots = snapshots
+        self.request_timeout_s = request_timeout_s
         self.closed = False
         self.aborted = False
 
@@ -111,9 +112,9 @@ async def test_a_snapshot_that_never_answers_reports_a_broker_error_and_a_fresh_
             release.wait(10)
             return super().snapshot()
 
-    stuck = HangingReader([snap(0, [(0, 10, 10)], group=group, topic=topic)])
-    fresh = FakeReader([snap(5, [(0, 1500, 0)], group=group, topic=topic)])
-    cfg = config(rule(topic=topic, groups=(group,), not_shrinking_s=None), request_timeout_s=0.05)
+    stuck = HangingReader([snap(0, [(0, 10, 10)], group=group, topic=topic)], request_timeout_s=0.05)
+    fresh = FakeReader([snap(5, [(0, 1500, 0)], group=group, topic=topic)], request_timeout_s=0.05)
+    cfg = config(rule(topic=topic, groups=(group,), not_shrinking_s=None))
     monitor = LagMonitor(
         Settings(),
         cfg,

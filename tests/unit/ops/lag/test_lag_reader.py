@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from app.ops.lag import reader as reader_module
-from app.ops.lag.reader import OffsetReader, ReaderAborted
+from app.platform.lag import reader as reader_module
+from app.platform.lag.reader import OffsetReader, ReaderAborted
 from app.platform.settings import Settings
 from tests.unit.ops.lag.lag_samples import config
 
@@ -68,7 +68,7 @@ def _wait(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 
 
 def test_an_aborted_read_stops_at_its_next_request_and_a_closed_reader_reads_again(broker: _Broker) -> None:
-    reader = OffsetReader(Settings(), config(request_timeout_s=0.01))
+    reader = OffsetReader(Settings(), request_timeout_s=0.01, watched=config().watched())
     outcome: list[object] = []
 
     def read() -> None:

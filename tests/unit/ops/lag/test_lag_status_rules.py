@@ -11,7 +11,7 @@ from app.ops.lag.evaluation import (
     partition_status,
     samples_within,
 )
-from app.ops.lag.snapshot import GroupState
+from app.platform.lag.snapshot import GroupState
 from tests.unit.ops.lag.lag_samples import GROUP, rule
 
 LIVE = GroupState(GROUP, "STABLE", 2)

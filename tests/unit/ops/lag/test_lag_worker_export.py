@@ -11,9 +11,11 @@ import faust
 import pytest
 from faust.types import TP
 
-from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import PartitionOffsets
-from app.platform.http.views import WorkerLagExporter, WorkerState, install_common_views, readiness
+from app.platform.faust.readiness import WorkerState, readiness
+from app.platform.http.views import install_common_views
+from app.platform.lag.export import WorkerLagExporter
+from app.platform.lag.settings import LagReadSettings
+from app.platform.lag.snapshot import PartitionOffsets
 from tests.unit.ops.lag.lag_samples import sample
 
 # ----------------------------------------------------------------------------- worker views
@@ -182,7 +184,7 @@ async def test_a_reading_that_never_answers_is_given_up_and_the_next_round_asks_
     exporter = WorkerLagExporter(
         app,
         "hangunit",
-        config=LagSettings(request_timeout_s=0.05),
+        config=LagReadSettings(request_timeout_s=0.05),
         reader_factory=Reader,  # type: ignore[arg-type]
     )
     assert exporter.export_timeout_s() == pytest.approx(0.15)

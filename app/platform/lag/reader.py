@@ -14,17 +14,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import Consumer, TopicPartition
 
-from app.ops.lag.settings import LagSettings
-from app.ops.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
+from app.platform.errors import AvccError
 from app.platform.kafka.clients import admin_client, consumer_config
+from app.platform.lag.settings import get_lag_read_settings
+from app.platform.lag.snapshot import BROKER_ERROR, GroupState, LagSnapshot, PartitionOffsets
 from app.platform.metrics import LAG_MONITOR_ERRORS
 from app.platform.settings import Settings
 
-__all__ = ["LAG_READER_GROUP", "OffsetReader", "ReaderAborted"]
+__all__ = ["LAG_READER_GROUP", "OffsetReader", "ReaderAborted", "WatchedGroups"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,18 @@ def _close_quietly(client: Any) -> None:
         log.debug("closing %r failed", client, exc_info=True)
 
 
-class ReaderAborted(RuntimeError):
+class ReaderAborted(AvccError):
     """A read stopped because the reader was aborted or closed meanwhile."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedGroups:
+    """The consumer groups a :meth:`OffsetReader.snapshot` reads: every group whose id starts with
+    ``prefix`` (``""``: all of them), and the ``(group, topic)`` pairs that show even before the
+    group's first commit (an alert rule's)."""
+
+    prefix: str = ""
+    pairs: frozenset[tuple[str, str]] = frozenset()
 
 
 class OffsetReader:
@@ -51,12 +63,16 @@ class OffsetReader:
     def __init__(
         self,
         settings: Settings,
-        config: LagSettings | None = None,
         *,
+        request_timeout_s: float | None = None,
+        watched: WatchedGroups = WatchedGroups(),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
-        self.config = config if config is not None else LagSettings()
+        self.request_timeout_s = (
+            request_timeout_s if request_timeout_s is not None else get_lag_read_settings().request_timeout_s
+        )
+        self.watched = watched
         self.clock = clock
         self._lock = threading.Lock()
         #: Set by :meth:`abort` and :meth:`close` (from another thread): a read under way stops
@@ -104,7 +120,7 @@ class OffsetReader:
     # -- reads -------------------------------------------------------------------
 
     def snapshot(self) -> LagSnapshot:
-        """Offsets of every group (ids with :attr:`LagSettings.group_prefix`, plus the rules' groups)."""
+        """Offsets of every watched group (:class:`WatchedGroups`)."""
         with self._lock:
             try:
                 return self._snapshot()
@@ -145,9 +161,7 @@ class OffsetReader:
         while len(self._group_consumers) > _MAX_GROUP_CLIENTS:
             _, oldest = self._group_consumers.popitem(last=False)
             _close_quietly(oldest)
-        result = consumer.committed(
-            [TopicPartition(t, p) for t, p in tps], timeout=self.config.request_timeout_s
-        )
+        result = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=self.request_timeout_s)
         offsets: dict[tuple[str, int], int | None] = {}
         for tp in result:
             if tp.error is not None:
@@ -157,14 +171,14 @@ class OffsetReader:
 
     def _snapshot(self) -> LagSnapshot:
         admin = self._admin_client()
-        timeout = self.config.request_timeout_s
+        timeout = self.request_timeout_s
         taken_at = self.clock()
         listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout=timeout + 5)
-        prefix = self.config.group_prefix
+        prefix = self.watched.prefix
         listed = {g.group_id: g for g in listing.valid}
         group_ids = {g for g in listed if g.startswith(prefix)}
         group_ids.discard(LAG_READER_GROUP)
-        rule_pairs = {(group, rule.topic) for rule in self.config.rules for group in rule.groups}
+        rule_pairs = set(self.watched.pairs)
         group_ids |= {group for group, _ in rule_pairs}
         errors: dict[str, str] = {}
 
@@ -241,7 +255,7 @@ class OffsetReader:
     def _watermarks(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """``(low, end)`` of each partition (partitions without a leader now are left out)."""
         consumer = self._watermark_consumer()
-        timeout = self.config.request_timeout_s
+        timeout = self.request_timeout_s
         marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, partition in tps:
             self._check_aborted()

@@ -1,29 +1,31 @@
-"""Knobs of the anomaly detector (``AVCC_ANOMALY_*``): windows, rule thresholds, loop."""
+"""Settings of the anomaly group (``AVCC_ANOMALY_*``): the rules' thresholds, the detector's loop.
+
+:class:`AnomalyRuleSettings` are what the pure rules and windows take (the window length, the
+rule thresholds, how baselines are kept bounded); :class:`AnomalySettings` how the detector runs
+(lateness, batches, commits, snapshots, its store).
+"""
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.playback.anomaly.rules import RuleConfig
+from app.platform.settings import SettingsGetter, cached_settings
 
-__all__ = ["AnomalySettings"]
+__all__ = ["AnomalyRuleSettings", "AnomalySettings", "get_anomaly_rule_settings", "get_anomaly_settings"]
+
+_DAY = 24 * 3600
 
 
-class AnomalySettings(BaseSettings):
-    """Windows, rule thresholds and loop knobs. Each field maps to ``AVCC_ANOMALY_<FIELD>``."""
+class AnomalyRuleSettings(BaseSettings):
+    """The window length and the rules' thresholds. Each field maps to ``AVCC_ANOMALY_<FIELD>``."""
 
     model_config = SettingsConfigDict(env_prefix="AVCC_ANOMALY_", frozen=True, extra="ignore")
 
     window_s: int = Field(default=60, ge=1, description="Tumbling window length (event time).")
-    lateness_windows: int = Field(
-        default=2, ge=0, description="A window closes when the watermark passes its end + this many windows."
-    )
-    max_future_s: int = Field(
-        default=600, ge=0, description="Events further ahead of the wall clock are skipped."
-    )
     ewma_alpha: float = Field(
         default=0.3, gt=0, le=1, description="Weight of the newest window in baselines."
     )
@@ -36,12 +38,36 @@ class AnomalySettings(BaseSettings):
     share_jump: float = Field(default=0.3, gt=0, le=1, description="node_share_jump: share - baseline share.")
     share_min_count: int = Field(default=200, ge=1, description="node_share_jump: minimum code count.")
     max_duration_sec: dict[str, int] = Field(
-        default_factory=lambda: {"play": 86_400, "complete": 86_400, "purchase": 86_400},
+        default_factory=lambda: {"play": _DAY, "complete": _DAY, "purchase": _DAY},
         description="impossible_duration: most seconds per event type (JSON).",
     )
     purchase_min_cny: float = Field(default=0.01, ge=0, description="revenue_out_of_bounds: lowest purchase.")
     purchase_max_cny: float = Field(
         default=10_000.0, gt=0, description="revenue_out_of_bounds: highest purchase."
+    )
+    baseline_floor: float = Field(
+        default=0.05, ge=0, description="Baseline entries whose EWMA decays below this are dropped."
+    )
+    baseline_max_codes: int = Field(
+        default=200_000, ge=1, description="Most codes a (partial) baseline keeps; the smallest go beyond."
+    )
+
+    @cached_property
+    def window_ms(self) -> int:
+        """The window length in milliseconds."""
+        return self.window_s * 1000
+
+
+class AnomalySettings(BaseSettings):
+    """How the detector runs. Each field maps to ``AVCC_ANOMALY_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="AVCC_ANOMALY_", frozen=True, extra="ignore")
+
+    lateness_windows: int = Field(
+        default=2, ge=0, description="A window closes when the watermark passes its end + this many windows."
+    )
+    max_future_s: int = Field(
+        default=600, ge=0, description="Events further ahead of the wall clock are skipped."
     )
     batch_size: int = Field(default=10_000, ge=1, description="Messages taken per consume call.")
     commit_interval_s: float = Field(default=5.0, gt=0, description="Snapshot + commit period.")
@@ -58,18 +84,8 @@ class AnomalySettings(BaseSettings):
         default=None, description="Local snapshot store (default: <data_dir>/workers/anomaly/windows)."
     )
 
-    def rule_config(self) -> RuleConfig:
-        """The thresholds as the rules take them."""
-        return RuleConfig(
-            window_ms=self.window_s * 1000,
-            ewma_alpha=self.ewma_alpha,
-            min_history_windows=self.min_history_windows,
-            spike_factor=self.spike_factor,
-            spike_min_count=self.spike_min_count,
-            replay_min_count=self.replay_min_count,
-            share_jump=self.share_jump,
-            share_min_count=self.share_min_count,
-            max_duration_sec=dict(self.max_duration_sec),
-            purchase_min_cny=self.purchase_min_cny,
-            purchase_max_cny=self.purchase_max_cny,
-        )
+
+#: The process's anomaly rule settings.
+get_anomaly_rule_settings: SettingsGetter[AnomalyRuleSettings] = cached_settings(AnomalyRuleSettings)
+#: The process's anomaly detector settings.
+get_anomaly_settings: SettingsGetter[AnomalySettings] = cached_settings(AnomalySettings)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from faust.types import TP
 
-from app.ops.lag.snapshot import PartitionOffsets
-from app.ops.watchdog import RecoveryWatch, StallWatchdog, task_stacks
-from app.platform.http.views import recovery_remaining
+from app.platform.lag.export import recovery_remaining
+from app.platform.lag.snapshot import PartitionOffsets
+from app.platform.lag.watchdog import RecoveryWatch, StallWatchdog, task_stacks
 
 
 def row(partition: int, end: int, committed: int | None) -> PartitionOffsets:
@@ -45,7 +45,7 @@ def test_the_reply_topic_is_not_a_source_partition() -> None:
     from faust.types import TP
 
     from agents.code import app  # with its agents and tables: an App without any has no consumer
-    from app.platform.http.views import WorkerLagExporter
+    from app.platform.lag.export import WorkerLagExporter
 
     exporter = WorkerLagExporter(app, "code")
     reply = str(app.conf.reply_to)

@@ -15,7 +15,7 @@ import orjson
 __all__ = ["EXAMPLES_DIR", "load_examples"]
 
 #: ``schemas/examples`` of this checkout.
-EXAMPLES_DIR: Final = Path(__file__).resolve().parents[3] / "schemas" / "examples"
+EXAMPLES_DIR: Final = Path(__file__).resolve().parents[2] / "schemas" / "examples"
 
 
 def load_examples(directory: Path = EXAMPLES_DIR) -> dict[str, list[dict[str, Any]]]:

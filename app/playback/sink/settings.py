@@ -1,18 +1,16 @@
-"""Knobs of the ClickHouse sink (``AVCC_SINK_*``) and the topics it reads and dead-letters to."""
+"""Settings of the sink group (``AVCC_SINK_*``): batches, inserts and their backoff."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.platform.topics import ANOMALY, DLQ, PLAYBACK_EVENT
+from app.platform.settings import SettingsGetter, cached_settings
 
-__all__ = ["SinkConfig", "SinkTopics"]
+__all__ = ["SinkSettings", "get_sink_settings"]
 
 
-class SinkConfig(BaseSettings):
+class SinkSettings(BaseSettings):
     """Knobs of the sink. Each field maps to ``AVCC_SINK_<FIELD>``."""
 
     model_config = SettingsConfigDict(env_prefix="AVCC_SINK_", frozen=True, extra="ignore")
@@ -37,27 +35,7 @@ class SinkConfig(BaseSettings):
         "Python's 700). Batches allocate ~10 objects per event; frequent young collections cost "
         "~10% of the sink's CPU.",
     )
-    group_id: str | None = Field(
-        None, description="Consumer group override (default: the sink group's, avcc-sink)."
-    )
-    playback_topic: str | None = Field(None, description="Topic override (tests; default: plan).")
-    anomaly_topic: str | None = Field(None, description="Topic override (tests; default: plan).")
-    dlq_topic: str | None = Field(None, description="Topic override (tests; default: plan).")
 
 
-@dataclass(frozen=True, slots=True)
-class SinkTopics:
-    """Topics the sink reads (playback, anomaly) and dead-letters to."""
-
-    playback: str = PLAYBACK_EVENT.name
-    anomaly: str = ANOMALY.name
-    dlq: str = DLQ.name
-
-    @classmethod
-    def from_config(cls, config: SinkConfig) -> SinkTopics:
-        """The plan's topics, with the config's overrides."""
-        return cls(
-            config.playback_topic or PLAYBACK_EVENT.name,
-            config.anomaly_topic or ANOMALY.name,
-            config.dlq_topic or DLQ.name,
-        )
+#: The process's sink settings.
+get_sink_settings: SettingsGetter[SinkSettings] = cached_settings(SinkSettings)

@@ -16,7 +16,9 @@ from confluent_kafka.admin import AdminClient
 
 from app.servers.kafka import KafkaKRaftBroker, new_cluster_id
 from app.servers.kafka_libs import ensure_kafka_libs
-from app.servers.process import LOOPBACK, free_port, port_is_open, stop_together
+from app.servers.process import LOOPBACK, port_is_open
+from testing.ports import free_port
+from testing.processes import stop_together
 
 __all__ = ["KafkaCluster", "KafkaClusterNode"]
 
@@ -43,8 +45,8 @@ class KafkaClusterNode(KafkaKRaftBroker):
         super().__init__(
             data_dir,
             libs_dir,
-            port,
-            controller_port,
+            port=port,
+            controller_port=controller_port,
             extra_properties=cluster_properties,
             heap=_NODE_HEAP,
             ready_timeout=150.0,

@@ -1,20 +1,22 @@
 """A replicated, sharded ClickHouse cluster on loopback: ZooKeeper and shards x replicas servers.
 
-Every member is a :class:`~app.servers.clickhouse.ClickHouseServer` (Debian's 18.16 here) with its
+Every member is a :class:`~testing.clickhouse.ClickHouseServer` (Debian's 18.16 here) with its
 own ports and data directory, the cluster in its ``remote_servers`` (internal replication: a
 ``Distributed`` insert goes to one replica of each shard, replication copies it), its
 ``{shard}``/``{replica}`` macros and the distributed DDL queue, so ``ON CLUSTER`` DDL and
 ``Replicated*MergeTree`` tables work as in production. Any member can be SIGKILLed and restarted
-on its data; ZooKeeper (:class:`~app.servers.zookeeper.ZooKeeperServer`) too.
+on its data; ZooKeeper (:class:`~testing.zookeeper.ZooKeeperServer`) too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from app.servers.clickhouse import ClickHouseServer
-from app.servers.process import LOOPBACK, free_port, stop_together
-from app.servers.zookeeper import ZooKeeperServer
+from app.servers.process import LOOPBACK
+from testing.clickhouse import ClickHouseServer
+from testing.ports import free_port
+from testing.processes import stop_together
+from testing.zookeeper import ZooKeeperServer
 
 __all__ = ["ClickHouseCluster"]
 

@@ -1,5 +1,5 @@
 """Published event contracts: JSON Schemas, the AsyncAPI document, and the compatibility gate.
 
 Generated from the pydantic models (``schemas/``) and the topic plan (``app.platform.topics``,
-``app.platform.flows``); regenerate with ``python -m app.platform.contract_docs``.
+``app.platform.flows``); regenerate with ``python -m app.contract_docs``.
 """

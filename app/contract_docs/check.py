@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from app.platform.contract_docs.acknowledged import acknowledgement
-from app.platform.contract_docs.compat import Break, GitRefError, compare_sets, schemas_at_ref
-from app.platform.contract_docs.generate import JSON_DIR, ROOT
-from app.platform.contract_docs.json_schemas import json_schema_files
+from app.contract_docs.acknowledged import acknowledgement
+from app.contract_docs.compat import Break, GitRefError, compare_sets, schemas_at_ref
+from app.contract_docs.generate import JSON_DIR, ROOT
+from app.contract_docs.json_schemas import json_schema_files
 
 __all__ = ["check_against"]
 
@@ -17,7 +17,7 @@ __all__ = ["check_against"]
 def check_against(ref: str, root: Path = ROOT) -> int:
     """Print the verdict; 0 compatible, 1 breaks found (one line each), 2 the ref cannot be read.
 
-    Breaks listed in :mod:`app.platform.contract_docs.acknowledged` are printed with their
+    Breaks listed in :mod:`app.contract_docs.acknowledged` are printed with their
     reason and do not fail the check."""
     try:
         old = schemas_at_ref(root, ref, JSON_DIR)

@@ -1,6 +1,6 @@
 """Narrowings of the published contracts made on purpose, each with why it breaks no event.
 
-The compatibility gate (:mod:`app.platform.contract_docs.compat`) compares schemas, not the
+The compatibility gate (:mod:`app.contract_docs.compat`) compares schemas, not the
 pipeline's behaviour: when a published schema said less than the models always enforced, stating
 the rule is a "narrowing" to the gate although no event the pipeline accepted becomes invalid.
 Such changes, and the deliberate breaks partners were told about, are listed here as the gate
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Final
 
-from app.platform.contract_docs.compat import Break
+from app.contract_docs.compat import Break
 from schemas.types import WHITESPACE_CLASS
 
 __all__ = ["ACKNOWLEDGED", "Acknowledged", "acknowledgement"]

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from app.platform.contract_docs.json_schemas import END_OF_TEXT, ENVELOPE_FILE
+from app.contract_docs.json_schemas import END_OF_TEXT, ENVELOPE_FILE
+from app.platform.errors import AvccError
 
 __all__ = ["Break", "GitRefError", "compare_documents", "compare_sets", "schemas_at_ref"]
 
@@ -46,7 +47,7 @@ class Break:
         return f"{self.document}: {self.field}: {self.change} ({self.detail})"
 
 
-class GitRefError(RuntimeError):
+class GitRefError(AvccError):
     """The ref cannot be read (unknown ref, not a git checkout)."""
 
 
@@ -90,7 +91,7 @@ def _canonical(value: Any) -> str:
 
 def _exact(keyword: str, value: Any) -> Any:
     """``value`` of an exact-match keyword in a canonical form: a pattern ending in
-    :data:`~app.platform.contract_docs.json_schemas.END_OF_TEXT` is the same ECMA-262 language
+    :data:`~app.contract_docs.json_schemas.END_OF_TEXT` is the same ECMA-262 language
     (JSON Schema's regex dialect) as the one ending in a bare ``$``."""
     if keyword == "pattern" and isinstance(value, str) and value.endswith(END_OF_TEXT):
         return value.removesuffix(END_OF_TEXT) + "$"

@@ -1,7 +1,7 @@
 """Single-node Apache Kafka (KRaft) that requires SASL_SSL and authorizes every request by ACL.
 
 What a production broker looks like to the pipeline's clients, on loopback: a TLS listener whose
-certificate a throwaway CA signed (:mod:`app.servers.tls`), SCRAM-SHA-512 users, the standard
+certificate a throwaway CA signed (:mod:`testing.tls`), SCRAM-SHA-512 users, the standard
 authorizer with ``allow.everyone.if.no.acl.found=false``. The controller listener is TLS too, with
 its own PLAIN user; ``admin`` (inter-broker and the tests' administrator) and ``controller`` are
 the only super users. Users beyond ``admin`` are added through the admin API (:meth:`add_user`).
@@ -15,7 +15,7 @@ from typing import Any
 
 from app.servers.kafka import KafkaKRaftBroker
 from app.servers.process import LOOPBACK, port_is_open
-from app.servers.tls import CertificateAuthority
+from testing.tls import CertificateAuthority
 
 __all__ = ["KafkaSecureBroker"]
 

@@ -7,7 +7,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from app.servers.process import LOOPBACK, ManagedServer, free_port
+from app.servers.process import LOOPBACK, ManagedServer
+from testing.ports import free_port
 
 __all__ = ["LedgerNode"]
 

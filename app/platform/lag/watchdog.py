@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.ops.lag.snapshot import PartitionOffsets
+from app.platform.lag.snapshot import PartitionOffsets
 
 __all__ = [
     "RecoveryWatch",
