@@ -57,6 +57,7 @@ from bench.client import settled, signed_call
 from bench.cpu import CpuSampler, CpuShare
 from bench.data import o_level_application
 from bench.figures import is_ok, measure, print_figures
+from bench.options import add_worker_env, worker_env
 from bench.profiles import summarize
 from bench.scrape import Scrape, scrape
 from testing.ports import free_port, free_port_block
@@ -350,16 +351,10 @@ def main() -> int:
         help="also record a py-spy profile of each worker during the CPU profile (collapsed stacks, "
         "DIR/<group>.folded) and print where each worker's time goes",
     )
-    parser.add_argument(
-        "--worker-env",
-        action="append",
-        default=[],
-        metavar="AVCC_NAME=VALUE",
-        help="a setting for every worker (repeatable), to compare configurations",
-    )
+    add_worker_env(parser)
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, broker data)")
     args = parser.parse_args()
-    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    extra_env = worker_env(args)
 
     work = Path(tempfile.mkdtemp(prefix="avcc-bench-"))
     broker = None
@@ -381,7 +376,7 @@ def main() -> int:
             "AVCC_BLOCK_INTERVAL_MS": "100",
             "AVCC_LOG_LEVEL": "WARNING",
             "AVCC_KAFKA_SESSION_TIMEOUT_MS": "6000",
-            **worker_env,
+            **extra_env,
         }
         ports = {group: free_port() for group in GROUPS}
         workers = [

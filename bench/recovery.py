@@ -62,6 +62,7 @@ from bench.code_state import (
     synthetic_works,
 )
 from bench.figures import is_ok, measure, print_figures
+from bench.options import add_worker_env, worker_env
 from testing.ports import free_port, free_port_block
 from testing.processes import stop_together
 from testing.workers import group_worker
@@ -424,17 +425,11 @@ def main() -> int:
         "--bootstrap", default=None, help="use this (empty) broker instead of an embedded Kafka"
     )
     parser.add_argument("--skip", default="", help="figures not to measure: raw,cold,warm,standby")
-    parser.add_argument(
-        "--worker-env",
-        action="append",
-        default=[],
-        metavar="AVCC_NAME=VALUE",
-        help="a setting for every worker (repeatable), to compare configurations",
-    )
+    add_worker_env(parser)
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, data) at the end")
     args = parser.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    env = dict(item.split("=", 1) for item in args.worker_env)
+    env = worker_env(args)
     work = Path(tempfile.mkdtemp(prefix="avcc-bench-recovery-"))
     log(f"work dir {work}")
     broker = None

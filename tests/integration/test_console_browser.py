@@ -6,8 +6,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
-from app.servers import KafkaKRaftBroker, ManagedProcess
+from app.servers import KafkaKRaftBroker
 from testing.ports import free_port
 from tests.integration.browser import CHROMIUM_ARGS, chromium, goto_past_refresh, in_one_document, playwright
+from tests.integration.faust_worker import http_status, worker_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -44,16 +43,6 @@ g => {
   };
 }
 """
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
 async def test_lag_page_shows_partitions_alert_and_recovers_live(
@@ -94,16 +83,12 @@ async def test_lag_page_shows_partitions_alert_and_recovers_live(
         AVCC_OPERATOR_USERS=json.dumps({"lag-ui": "lag-ui-pass"}),
     )
     base = f"http://127.0.0.1:{port}"
-    worker = ManagedProcess(
+    worker = worker_process(
         "ops-worker",
         [str(VENV_BIN / "faust"), "-A", "agents.ops", "worker", "--web-port", str(port), "-l", "info"],
-        log_path=tmp_path / "ops-worker.log",
-        cwd=tmp_path,
-        env=env,
-        ready=lambda: _status(f"{base}/ready") == 200,
-        ready_timeout=60,
-        stop_timeout=30,
-        die_with_parent=True,
+        tmp_path,
+        env,
+        ready=lambda: http_status(f"{base}/ready") == 200,
     )
     worker.start()
     try:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,9 +21,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from app.platform.kafka.admin import apply_plan
 from app.platform.settings import Settings
 from app.platform.topics import DLQ
-from app.servers import KafkaKRaftBroker, ManagedProcess
+from app.servers import KafkaKRaftBroker
 from testing.ports import free_port
 from tests.integration.browser import CHROMIUM_ARGS, chromium, playwright
+from tests.integration.faust_worker import http_status, worker_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -33,16 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LOGIN = ("lag-live", "lag-live-pass")
 INTERVAL_S = 1.0
 FIRST, MORE = 1200, 600
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
 def _produce(bootstrap: str, topic: str, count: int, start: int) -> None:
@@ -78,16 +67,13 @@ async def test_unfolded_row_stays_unfolded_while_numbers_update_in_place(
         PYTHONPATH=str(ROOT),
     )
     base = f"http://127.0.0.1:{port}"
-    worker = ManagedProcess(
+    worker = worker_process(
         "ops-worker",
         [sys.executable, "-m", "app", "worker", "ops", "--web-port", str(port)],
-        log_path=tmp_path / "ops-worker.log",
-        cwd=tmp_path,
-        env=env,
-        ready=lambda: _status(f"{base}/ready") == 200,
+        tmp_path,
+        env,
+        ready=lambda: http_status(f"{base}/ready") == 200,
         ready_timeout=120,
-        stop_timeout=30,
-        die_with_parent=True,
     )
     worker.start()
     try:

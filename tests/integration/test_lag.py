@@ -27,6 +27,7 @@ from app.platform.settings import Settings
 from app.platform.topics import DLQ
 from app.servers import KafkaKRaftBroker, ManagedProcess
 from testing.ports import free_port
+from tests.integration.faust_worker import worker_process
 from tests.integration.stack import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -299,16 +300,12 @@ def test_ops_worker_serves_metrics_health_ready_and_the_lag_console(
         **OPERATOR,
     )
     base = f"http://127.0.0.1:{port}"
-    proc = ManagedProcess(
+    proc = worker_process(
         "ops-worker",
         [str(VENV_BIN / "faust"), "-A", "agents.ops", "worker", "--web-port", str(port), "-l", "info"],
-        log_path=tmp_path / "ops-worker.log",
-        cwd=tmp_path,
-        env=env,
+        tmp_path,
+        env,
         ready=lambda: http_get(f"{base}/health")[0] == 200,
-        ready_timeout=60,
-        stop_timeout=30,
-        die_with_parent=True,
     )
     proc.start()
     try:
@@ -407,16 +404,12 @@ def test_worker_exports_the_lag_of_its_own_partitions(
         **OPERATOR,
     )
     base = f"http://127.0.0.1:{port}"
-    proc = ManagedProcess(
+    proc = worker_process(
         "lag-worker",
         [str(VENV_BIN / "faust"), "-A", "lagworker", "worker", "--web-port", str(port), "-l", "info"],
-        log_path=tmp_path / "lag-worker.log",
-        cwd=tmp_path,
-        env=env,
+        tmp_path,
+        env,
         ready=lambda: http_get(f"{base}/health")[0] == 200,
-        ready_timeout=60,
-        stop_timeout=30,
-        die_with_parent=True,
     )
     proc.start()
     try:
