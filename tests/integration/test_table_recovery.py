@@ -154,7 +154,9 @@ async def served_with_their_codes(stack: Stack, works: list[FilledWork], index: 
         assert record["avcc_code"] == work.avcc_code and record["status"] == "issued"
 
 
-RECOVERING = re.compile(r"records: recovering \d+ of \d+ changelog records, ETA \d+ s")
+#: How /ready names a table under restore (which of the group's tables a poll catches is the
+#: reader's order: the claims and records partitions are read together).
+RECOVERING = re.compile(r"\b(claims|records): recovering \d+ of \d+ changelog records, ETA (\d+ s|unknown)")
 
 
 class ReadyWatch:

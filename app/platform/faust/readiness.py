@@ -68,6 +68,17 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
     body: dict[str, Any] = {"group": state.group}
     if getattr(app, "crashed", False):
         return False, {**body, "status": "crashed", "reason": "the app crashed"}
+    # A table restore is reported as soon as it runs: it can begin before the worker says started.
+    restores = table_recovery(app)
+    tables = restores.progress() if restores is not None else []
+    restoring = [t for t in tables if t.recovering]
+    if restoring:
+        return False, {
+            **body,
+            "status": "recovering",
+            "reason": "; ".join(t.describe() for t in restoring),
+            "tables": [t.as_dict() for t in tables],
+        }
     if not state.started:
         return False, {**body, "status": "starting", "reason": "worker still starting (or recovering tables)"}
     consumer = state.consumer if state.consumer is not None else uses_consumer(app)
@@ -88,16 +99,6 @@ def readiness(app: faust.App, state: WorkerState) -> tuple[bool, dict[str, Any]]
                 **body,
                 "status": "recovering",
                 "reason": "tables are being recovered from changelogs",
-            }
-        restores = table_recovery(app)
-        tables = restores.progress() if restores is not None else []
-        restoring = [t for t in tables if t.recovering]
-        if restoring:
-            return False, {
-                **body,
-                "status": "recovering",
-                "reason": "; ".join(t.describe() for t in restoring),
-                "tables": [t.as_dict() for t in tables],
             }
         if tables:
             body["tables"] = [t.as_dict() for t in tables]

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 from faust.exceptions import ConsistencyError
 from faust.types import TP
 
+from app.platform.faust.readiness import WorkerState, readiness
 from app.platform.faust.recovery import (
     EXIT_TABLES_AHEAD_OF_BROKER,
     TableProgress,
+    TableRecovery,
     changelog_events,
     plan_partitions,
     stop_status,
@@ -99,6 +101,26 @@ def test_progress_says_how_far_and_how_long() -> None:
     assert progress.as_dict()["eta_s"] == 0.0
     idle = TableProgress("records", 0, 0, 0.0, None, 7)
     assert not idle.recovering and idle.as_dict()["standby_lag"] == 7
+
+
+class ReportedRecovery(TableRecovery):
+    """A recovery whose progress is given (the reader and stores are not needed to report it)."""
+
+    def __init__(self, progress: list[TableProgress]) -> None:
+        self._progress = progress
+
+    def progress(self) -> list[TableProgress]:
+        return self._progress
+
+
+def test_ready_reports_a_restore_as_soon_as_it_runs_even_before_the_worker_says_started() -> None:
+    tables = [TableProgress("claims", 0, 0, 0.0, None, 0), TableProgress("records", 500, 900, 50.0, 10.0, 0)]
+    app = SimpleNamespace(crashed=False, table_recovery=ReportedRecovery(tables))
+    for started in (False, True):
+        ok, body = readiness(app, WorkerState("code", consumer=True, started=started))  # type: ignore[arg-type]
+        assert not ok and body["status"] == "recovering"
+        assert body["reason"] == "records: recovering 500 of 900 changelog records, ETA 10 s"
+        assert [t["table"] for t in body["tables"]] == ["claims", "records"]
 
 
 def test_restored_changes_read_as_faust_s_changelog_events() -> None:
