@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from app.platform.metrics import TIME_TO_CODE
 from scripts.docgen import BLOCKS
 from scripts.docgen.blocks import Block
 from scripts.docgen.exits import STATUSES, exit_constants, raised_statuses
+from scripts.docgen.metrics import _label_names
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -58,3 +60,11 @@ def test_no_page_keeps_a_diary() -> None:
     for page in pages:
         text = page.read_text()
         assert not re.search(r"\b20\d\d-\d\d-\d\d\b|as of this writing", text), page
+
+
+def test_the_metrics_reference_reads_the_label_names_the_client_library_keeps() -> None:
+    """The metrics page reads label names from prometheus_client's metric objects (``_labelnames``:
+    the registry does not collect them for a metric that has observed nothing). This fails the
+    day the library keeps them elsewhere, before the page silently loses its labels."""
+    assert TIME_TO_CODE._labelnames == ("level", "outcome", "review")
+    assert _label_names()["avcc_time_to_code_seconds"] == ("level", "outcome", "review")
