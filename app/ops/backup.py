@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from app.platform.errors import AvccError
 from app.platform.faust.app import consumer_group_id
+from app.platform.faust.tables import PARKED_SUFFIX
 from app.platform.groups import GROUPS
 from app.platform.internal_topics import changelog_specs, group_app
 from app.platform.kafka.admin import apply_plan
@@ -56,8 +57,6 @@ __all__ = [
 #: Version of the files' layout; an import refuses any other.
 FORMAT: Final = 1
 MANIFEST: Final = "manifest.json"
-#: The code group's tables of records parked behind a retry are named ``<name>-parked``.
-_PARKED_SUFFIX: Final = "-parked"
 #: The consumer group whose claims-topic offsets the import sets past the fill.
 CLAIMS_GROUP: Final = consumer_group_id("code")
 #: Longest a read or a write may go without progress before the backup gives up.
@@ -135,7 +134,7 @@ def backup_topics() -> list[TopicSpec]:
         table.changelog_topic.get_topic_name()
         for group in GROUPS
         for table in group_app(group).tables.values()
-        if table.name.endswith(_PARKED_SUFFIX)
+        if table.name.endswith(PARKED_SUFFIX)
     }
     return [*(spec for spec in changelog_specs() if spec.name not in parked), DLQ]
 

@@ -20,7 +20,7 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from faust.types import TP
 from pydantic import BaseModel, RootModel
@@ -28,6 +28,7 @@ from pydantic import BaseModel, RootModel
 from app.platform.kafka.producers import EventProducer, Outbound
 
 __all__ = [
+    "PARKED_SUFFIX",
     "ChangelogEvent",
     "ModelTable",
     "ParkedIds",
@@ -186,12 +187,16 @@ def model_table(app: Any, name: str, model: type[_M], *, partitions: int, help: 
     return ModelTable(table, model)
 
 
+#: Suffix of the table that parks a stream's message ids behind a retry (``<name>-parked``).
+PARKED_SUFFIX: Final = "-parked"
+
+
 def parking_table(app: Any, name: str, partitions: int) -> ModelTable[ParkedIds]:
     """The changelogged table ``<name>-parked`` of message ids waiting in the retry path, per key,
     co-partitioned with its stream (see :mod:`app.platform.faust.runtime`)."""
     return model_table(
         app,
-        f"{name}-parked",
+        f"{name}{PARKED_SUFFIX}",
         ParkedIds,
         partitions=partitions,
         help=f"Events of {name} parked behind a retry",
