@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 #: rebalance callback, during which the member sends no heartbeat: well below any session
 #: timeout); past it, faust's own (slow) recovery reads them instead.
 WATERMARK_TIMEOUT_S: Final = 2.0
+#: Pause before asking again for changelog ends the broker refused (a leader moving).
+WATERMARK_RETRY_S: Final = 0.25
 
 
 def changelog_events(tp: TP, changes: Iterable[Change]) -> list[ChangelogEvent]:
@@ -213,14 +215,9 @@ class TableRecovery:
         if not held:
             return
         checkpoints = {tp: _checkpoint(table.data.persisted_offset(tp)) for tp in held}
-        try:
-            watermarks = await asyncio.to_thread(
-                self.reader.high_watermarks, [(tp.topic, tp.partition) for tp in held], WATERMARK_TIMEOUT_S
-            )
-        except Exception as exc:  # the broker not answering: faust's recovery reads them
-            log.warning(
-                "%s: changelog ends of %s unknown (%s); faust restores them", self.app_id, table.name, exc
-            )
+        watermarks = await self._watermarks(table, held)
+        if watermarks is None:
+            await self._leave_to_faust(held)
             return
         current = {r.key: r for r in self.reader.ranges()}
         plan = plan_partitions(actives, standbys, checkpoints, watermarks, current)
@@ -244,6 +241,39 @@ class TableRecovery:
                 len(restores),
                 len(plan.ranges) - len(restores),
             )
+        self._update_gate()
+
+    async def _watermarks(self, table: Any, held: list[TP]) -> dict[TopicPartitionKey, int] | None:
+        """The changelog ends of ``held``, asked again while :data:`WATERMARK_TIMEOUT_S` lasts (a
+        leader election answers ``FENCED_LEADER_EPOCH`` or ``NOT_LEADER`` at once, for a moment);
+        ``None`` when the broker does not tell in that time."""
+        keys = [(tp.topic, tp.partition) for tp in held]
+        deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+        while True:
+            try:
+                left = max(deadline - time.monotonic(), WATERMARK_RETRY_S)
+                return await asyncio.to_thread(self.reader.high_watermarks, keys, left)
+            except Exception as exc:  # the broker not answering (the detail is for the log)
+                if time.monotonic() + WATERMARK_RETRY_S >= deadline:
+                    log.warning(
+                        "%s: changelog ends of %s unknown (%s); faust restores them from their stores",
+                        self.app_id,
+                        table.name,
+                        exc,
+                    )
+                    return None
+                await asyncio.sleep(WATERMARK_RETRY_S)
+
+    async def _leave_to_faust(self, held: list[TP]) -> None:
+        """Hand ``held`` to faust's own recovery, which restores each from its store's checkpoint.
+        Nothing this recovery took of them before may stay: a claim would make faust skip what
+        the store lacks, and a standby still followed would be served as current while behind."""
+        keys = [(tp.topic, tp.partition) for tp in held]
+        for tp in held:
+            self.claims.pop(tp, None)
+        await asyncio.to_thread(self.reader.remove, keys)
+        for key in keys:
+            self._held.pop(key, None)
         self._update_gate()
 
     def claimed(self, tp: TP) -> int | None:

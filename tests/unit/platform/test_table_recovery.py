@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 from faust.exceptions import ConsistencyError
 from faust.types import TP
 
+from app.platform.faust import recovery as recovery_module
 from app.platform.faust.readiness import WorkerState, readiness
 from app.platform.faust.recovery import (
     EXIT_TABLES_AHEAD_OF_BROKER,
@@ -17,6 +21,7 @@ from app.platform.faust.recovery import (
     stop_status,
 )
 from app.platform.kafka.changelog import Change, ChangelogRange
+from app.platform.settings import Settings
 
 TOPIC = "avcc-code-records-changelog"
 
@@ -140,3 +145,55 @@ def test_a_worker_stopping_late_exits_with_the_status_it_would_have_stopped_with
     assert stop_status(SimpleNamespace(crashed=True, crash_reason=RuntimeError("x"))) == 1
     ahead = SimpleNamespace(crashed=True, crash_reason=ConsistencyError("ahead"))
     assert stop_status(ahead) == EXIT_TABLES_AHEAD_OF_BROKER == 65
+
+
+def code_recovery(monkeypatch: pytest.MonkeyPatch) -> tuple[TableRecovery, list[ChangelogRange]]:
+    """A code worker's recovery whose reader records what it is given instead of reading."""
+    app = SimpleNamespace(conf=SimpleNamespace(id="avcc-code"), tables={})
+    recovery = TableRecovery(app, Settings())
+    added: list[ChangelogRange] = []
+    monkeypatch.setattr(recovery.reader, "_ensure_thread", lambda: added.extend(recovery.reader.ranges()))
+    return recovery, added
+
+
+def records_table(checkpoint: int) -> Any:
+    return SimpleNamespace(name="records", data=SimpleNamespace(persisted_offset=lambda tp: checkpoint))
+
+
+def test_changelog_ends_unknown_leave_a_promoted_standby_to_faust_from_its_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A standby followed up to offset 20 (its claim said 49) becomes active while the broker
+    refuses the changelog ends (a leader election): nothing of the old plan may stay, or the
+    partition would be served as current while 29 records behind (found by a 3-node failover)."""
+    recovery, _ = code_recovery(monkeypatch)
+    recovery.reader.add([ChangelogRange(TOPIC, 0, 21, None, high=50)])
+    recovery.claims[tp(0)] = 49
+    asked: list[float] = []
+
+    def refuse(keys: Any, timeout_s: float) -> dict[Any, int]:
+        asked.append(timeout_s)
+        raise RuntimeError("FENCED_LEADER_EPOCH")
+
+    monkeypatch.setattr(recovery.reader, "high_watermarks", refuse)
+    monkeypatch.setattr(recovery_module, "WATERMARK_TIMEOUT_S", 0.6)
+    asyncio.run(recovery.plan(records_table(20), {tp(0)}, set()))
+    assert len(asked) > 1, "a refusal is asked again while the time lasts"
+    assert recovery.claimed(tp(0)) is None, "faust restores from the store's own checkpoint"
+    assert recovery.reader.ranges() == [], "the standby is no longer followed"
+
+
+def test_a_moment_of_refusal_is_asked_again_and_the_restore_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    recovery, added = code_recovery(monkeypatch)
+    answers: list[Exception | dict[Any, int]] = [RuntimeError("NOT_LEADER_OR_FOLLOWER"), {(TOPIC, 0): 50}]
+
+    def answer(keys: Any, timeout_s: float) -> dict[Any, int]:
+        given = answers.pop(0)
+        if isinstance(given, Exception):
+            raise given
+        return given
+
+    monkeypatch.setattr(recovery.reader, "high_watermarks", answer)
+    asyncio.run(recovery.plan(records_table(20), {tp(0)}, set()))
+    assert recovery.claimed(tp(0)) == 49
+    assert [(r.position, r.end) for r in added] == [(21, 50)]
