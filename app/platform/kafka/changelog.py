@@ -176,16 +176,23 @@ class ChangelogReader:
     ) -> dict[TopicPartitionKey, int]:
         """The high watermark of each of ``keys``, asked of the broker in one batched request by
         a client of its own (the reader's consumer may be busy with large fetches): blocking,
-        raising when the broker does not answer within ``timeout_s``."""
+        raising when the broker does not answer within ``timeout_s`` or refuses (a new client
+        is made for the next ask then)."""
         if self._admin is None:
             self._admin = AdminClient({k: v for k, v in self._config.items() if k in _ADMIN_KEYS})
         wanted = {TopicPartition(topic, partition): OffsetSpec.latest() for topic, partition in keys}
         if not wanted:
             return {}
         futures = self._admin.list_offsets(wanted, request_timeout=timeout_s)
-        return {
-            (tp.topic, tp.partition): int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()
-        }
+        try:
+            return {
+                (tp.topic, tp.partition): int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()
+            }
+        except Exception:
+            # a leader that moved (FENCED_LEADER_EPOCH, NOT_LEADER): the next ask starts from fresh
+            # metadata rather than the client's cached leaders
+            self._admin = None
+            raise
 
     # -- the thread -----------------------------------------------------------------------
 
